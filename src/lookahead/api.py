@@ -1,0 +1,188 @@
+"""The public entry points: ``generate`` and ``stream``."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+
+from lookahead.config import (
+    METHODS,
+    DraftConfig,
+    LookaheadConfig,
+    PromptLookupConfig,
+    SamplingConfig,
+    check_int,
+)
+from lookahead.decode import Decoder
+from lookahead.proposers.base import NoProposer, Proposer
+from lookahead.proposers.draft import DraftProposer
+from lookahead.proposers.lookahead import LookaheadProposer
+from lookahead.proposers.prompt_lookup import PromptLookupProposer
+from lookahead.stats import GenerationStats
+
+logger = logging.getLogger(__name__)
+
+# The options each method accepts besides the common arguments.
+METHOD_OPTIONS = {
+    "autoregressive": (),
+    "lookahead": ("window", "ngram", "guess", "prompt_pool", "output_pool"),
+    "prompt_lookup": ("num_draft_tokens", "max_ngram", "min_ngram"),
+    "draft": ("draft_model", "num_draft_tokens"),
+}
+
+
+@dataclass(frozen=True)
+class GenerationResult:
+    """sequences: LongTensor [1, prompt_len + new_tokens]; stats: what the decoding did."""
+
+    sequences: torch.Tensor
+    stats: GenerationStats
+
+    @property
+    def new_tokens(self) -> torch.Tensor:
+        """LongTensor [1, new_tokens]."""
+        return self.sequences[:, self.stats.prompt_tokens :]
+
+
+class Stream:
+    """Iterate to get the tokens committed at each step (list[int]); ``stats`` fills as it goes."""
+
+    def __init__(self, decoder: Decoder) -> None:
+        self._decoder = decoder
+
+    def __iter__(self) -> Iterator[list[int]]:
+        return iter(self._decoder)
+
+    @property
+    def stats(self) -> GenerationStats:
+        return self._decoder.stats
+
+    @property
+    def sequences(self) -> torch.Tensor:
+        return torch.tensor([self._decoder.context], dtype=torch.long)
+
+
+def generate(model, input_ids, max_new_tokens: int = 256, method: str = "lookahead", **options):
+    """Decode ``input_ids`` (LongTensor [1, prompt_len]) and return a ``GenerationResult``.
+
+    ``method`` is "autoregressive", "lookahead" (options window, ngram, guess, prompt_pool,
+    output_pool), "prompt_lookup" (num_draft_tokens, max_ngram, min_ngram) or "draft"
+    (draft_model, num_draft_tokens). Sampling options for every method: do_sample,
+    temperature, top_k, top_p, seed; ``eos_token_id`` overrides the model's own.
+    Greedy output is token-for-token that of ``model.generate(do_sample=False)``.
+    """
+    stream_ = stream(model, input_ids, max_new_tokens, method, **options)
+    for _ in stream_:
+        pass
+    return GenerationResult(stream_.sequences, stream_.stats)
+
+
+def stream(model, input_ids, max_new_tokens: int = 256, method: str = "lookahead", **options):
+    """Like ``generate`` but returns a ``Stream`` that yields each step's tokens as decoded."""
+    return Stream(make_decoder(model, input_ids, max_new_tokens, method, **options))
+
+
+def make_decoder(model, input_ids, max_new_tokens, method, **options) -> Decoder:
+    """Validate every argument and build the per-request ``Decoder``."""
+    _check_inputs(model, input_ids, max_new_tokens)
+    if method not in METHODS:
+        raise ValueError(f"method must be one of {', '.join(METHODS)}; got {method!r}")
+    eos = options.pop("eos_token_id", None)
+    sampling = SamplingConfig(**_pop(options, ("do_sample", "temperature", "top_k", "top_p", "seed")))
+    unknown = set(options) - set(METHOD_OPTIONS[method])
+    if unknown:
+        raise TypeError(
+            f"unknown option(s) {sorted(unknown)} for method {method!r}; "
+            f"it takes {list(METHOD_OPTIONS[method]) or 'none'}"
+        )
+    generator = None
+    if sampling.do_sample:
+        generator = torch.Generator()
+        generator.manual_seed(sampling.seed) if sampling.seed is not None else generator.seed()
+    proposer = make_proposer(model, method, options, sampling, generator)
+    return Decoder(
+        model,
+        input_ids,
+        proposer,
+        max_new_tokens=max_new_tokens,
+        sampling=sampling,
+        eos_token_ids=eos_token_ids(model, eos),
+        generator=generator,
+        method=method,
+    )
+
+
+def make_proposer(model, method: str, options: dict, sampling, generator) -> Proposer:
+    """The proposer object for ``method``, configured from ``options``."""
+    if method == "lookahead":
+        return LookaheadProposer(LookaheadConfig(**options))
+    if method == "prompt_lookup":
+        return PromptLookupProposer(PromptLookupConfig(**options))
+    if method == "draft":
+        draft_model = options.pop("draft_model", None)
+        check_draft_model(model, draft_model)
+        return DraftProposer(draft_model, DraftConfig(**options), sampling, generator)
+    return NoProposer()
+
+
+def check_draft_model(model, draft_model) -> None:
+    """The draft must be a model whose vocabulary is the target's."""
+    if not isinstance(draft_model, torch.nn.Module):
+        raise TypeError(f"draft_model must be a loaded model for method 'draft', got {draft_model!r}")
+    ours, theirs = _vocab_size(model), _vocab_size(draft_model)
+    if ours != theirs:
+        raise ValueError(
+            f"draft_model must share the target's vocabulary: its vocab_size is {theirs}, "
+            f"the target's is {ours}"
+        )
+
+
+def eos_token_ids(model, override=None) -> list[int]:
+    """The ids that end a generation: ``override``, else the model's generation config's."""
+    eos = override
+    if eos is None and getattr(model, "generation_config", None) is not None:
+        eos = model.generation_config.eos_token_id
+    if eos is None:
+        eos = getattr(model.config, "eos_token_id", None)
+    if eos is None:
+        return []
+    return [int(e) for e in ([eos] if isinstance(eos, int) else eos)]
+
+
+def _check_inputs(model, input_ids, max_new_tokens) -> None:
+    if not isinstance(input_ids, torch.Tensor) or input_ids.dtype != torch.long:
+        raise TypeError(f"input_ids must be a LongTensor [1, prompt_len], got {_describe(input_ids)}")
+    if input_ids.dim() != 2:
+        raise ValueError(f"input_ids must have shape [1, prompt_len], got {list(input_ids.shape)}")
+    if input_ids.shape[0] != 1:
+        raise ValueError(
+            f"input_ids must hold one sequence (batch size 1), got batch size {input_ids.shape[0]};"
+            " serve several requests with `lookahead serve`"
+        )
+    if input_ids.shape[1] == 0:
+        raise ValueError("input_ids must not be empty: the prompt needs at least one token")
+    check_int("max_new_tokens", max_new_tokens, 1, 1 << 30)
+    limit = getattr(model.config, "max_position_embeddings", None)
+    if limit is not None and input_ids.shape[1] + max_new_tokens > limit:
+        raise ValueError(
+            f"prompt ({input_ids.shape[1]} tokens) + max_new_tokens ({max_new_tokens}) exceeds "
+            f"the model's context of {limit} tokens"
+        )
+
+
+def _vocab_size(model) -> int:
+    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    return int(config.vocab_size)
+
+
+def _pop(options: dict, names: tuple[str, ...]) -> dict:
+    return {name: options.pop(name) for name in names if name in options}
+
+
+def _describe(value) -> str:
+    if isinstance(value, torch.Tensor):
+        return f"a {value.dtype} tensor of shape {list(value.shape)}"
+    return type(value).__name__

@@ -1,0 +1,179 @@
+"""The tokens, position ids and 4D attention mask of one decoding step.
+
+A step feeds the model, in one forward pass::
+
+    [ x0 | lookahead branch (B tokens) | candidate tree (C tokens) ]
+
+``x0`` is the last accepted token (not yet in the KV cache). The lookahead branch is the Jacobi
+window of lookahead decoding (empty for the other methods). The candidate tree merges the
+proposals that start after ``x0`` into a trie, so that two candidates sharing a prefix cost
+their shared tokens once. Every token sees the whole cached prefix; inside the step it sees
+``x0``, and then only its own branch ancestors (window) or its own trie ancestors (candidates).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+
+class TokenTree:
+    """A trie of candidate continuations rooted at ``x0`` (node 0).
+
+    Example: candidates ``[[5, 6, 7], [5, 8]]`` give nodes ``x0, 5, 6, 7, 8`` with parents
+    ``-1, 0, 1, 2, 1`` and depths ``0, 1, 2, 3, 2``: the shared ``5`` is fed once.
+
+    ``source[i]`` is ``(candidate index, offset)`` of the first candidate that created node i,
+    which lets a draft model's proposal probabilities follow their tokens.
+    """
+
+    def __init__(self, root_token: int, candidates: list[list[int]] = ()) -> None:
+        self.tokens: list[int] = [root_token]
+        self.parents: list[int] = [-1]
+        self.depths: list[int] = [0]
+        self.children: list[dict[int, int]] = [{}]
+        self.source: list[tuple[int, int]] = [(-1, -1)]
+        for index, candidate in enumerate(candidates):
+            self._insert(index, candidate)
+
+    def _insert(self, index: int, candidate: list[int]) -> None:
+        node = 0
+        for offset, token in enumerate(candidate):
+            child = self.children[node].get(token)
+            if child is None:
+                child = len(self.tokens)
+                self.tokens.append(token)
+                self.parents.append(node)
+                self.depths.append(self.depths[node] + 1)
+                self.children.append({})
+                self.source.append((index, offset))
+                self.children[node][token] = child
+            node = child
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def is_chain(self) -> bool:
+        """True when every node has at most one child (a single candidate)."""
+        return all(len(c) <= 1 for c in self.children)
+
+    def ancestors(self) -> np.ndarray:
+        """Bool [n, n]: ``a[i, j]`` is True when node j is node i or one of its ancestors."""
+        n = len(self.tokens)
+        anc = np.zeros((n, n), dtype=bool)
+        for i in range(n):  # parents come before their children
+            if self.parents[i] >= 0:
+                anc[i] = anc[self.parents[i]]
+            anc[i, i] = True
+        return anc
+
+
+@dataclass(frozen=True)
+class Branch:
+    """Extra tokens a proposer feeds beside the candidates (the lookahead window).
+
+    tokens: [B] token ids. depths: [B] position offsets from ``x0`` (each >= 1).
+    visible: bool [B, B], ``visible[i, j]`` when branch token i attends to branch token j.
+    logit_rows: indices into ``tokens`` whose next-token logits the proposer wants back.
+    """
+
+    tokens: torch.Tensor
+    depths: torch.Tensor
+    visible: torch.Tensor
+    logit_rows: torch.Tensor
+
+
+@dataclass(frozen=True)
+class StepLayout:
+    """Where everything sits in the step's input of length T = 1 + B + (C - 1).
+
+    input_ids, position_ids: [1, T]. visible: bool [T, T] or None when the step is a plain
+    causal chain (then the model builds its own mask). tree_rows: [C] row of each tree node
+    (row 0 is x0). branch_rows: [R] rows of the branch's requested logits.
+    """
+
+    input_ids: torch.Tensor
+    position_ids: torch.Tensor
+    visible: torch.Tensor | None
+    tree_rows: torch.Tensor
+    branch_rows: torch.Tensor
+
+    @property
+    def logit_rows(self) -> torch.Tensor:
+        """Rows whose logits the step needs: the tree's, then the branch's requested ones."""
+        return torch.cat([self.tree_rows, self.branch_rows])
+
+
+def layout_step(tree: TokenTree, branch: Branch | None, position: int) -> StepLayout:
+    """Lay out ``[x0 | branch | tree nodes 1..]`` with ``x0`` at absolute ``position``."""
+    n_branch = 0 if branch is None else len(branch.tokens)
+    n_tree = len(tree)
+    tree_tokens = torch.tensor(tree.tokens, dtype=torch.long)
+    tree_depths = torch.tensor(tree.depths, dtype=torch.long)
+    if branch is None:
+        tokens, depths = tree_tokens, tree_depths
+    else:
+        tokens = torch.cat([tree_tokens[:1], branch.tokens, tree_tokens[1:]])
+        depths = torch.cat([tree_depths[:1], branch.depths, tree_depths[1:]])
+    tree_rows = torch.arange(n_tree)
+    tree_rows[1:] += n_branch
+    branch_rows = (
+        torch.zeros(0, dtype=torch.long) if branch is None else branch.logit_rows + 1
+    )
+    visible = None
+    if branch is not None or not tree.is_chain():
+        visible = _visibility(tree, branch, n_branch)
+    return StepLayout(
+        input_ids=tokens.unsqueeze(0),
+        position_ids=(depths + position).unsqueeze(0),
+        visible=visible,
+        tree_rows=tree_rows,
+        branch_rows=branch_rows,
+    )
+
+
+def _visibility(tree: TokenTree, branch: Branch | None, n_branch: int) -> torch.Tensor:
+    """Bool [T, T] visibility inside the step (everything sees x0 at column 0)."""
+    size = 1 + n_branch + len(tree) - 1
+    vis = np.zeros((size, size), dtype=bool)
+    vis[:, 0] = True
+    if branch is not None:
+        vis[1 : 1 + n_branch, 1 : 1 + n_branch] = branch.visible.numpy()
+    anc = tree.ancestors()
+    start = 1 + n_branch
+    vis[start:, start:] = anc[1:, 1:]
+    return torch.from_numpy(vis)
+
+
+def attention_mask(
+    config, visible: torch.Tensor, past_len: int, position_ids: torch.Tensor, dtype: torch.dtype
+) -> torch.Tensor | dict[str, torch.Tensor]:
+    """The 4D additive mask [1, 1, T, past_len + T] the model's public forward accepts.
+
+    The cached prefix holds positions ``0 .. past_len - 1`` in order, so it is visible to all.
+    Models with sliding-window layers get the window applied by position; those that name
+    their layer types (Gemma 2/3, Qwen 2/3) take one mask per type.
+    """
+    t = visible.shape[0]
+    allowed = torch.ones(t, past_len + t, dtype=torch.bool)
+    allowed[:, past_len:] = visible
+    full = _additive(allowed, dtype)
+    window = getattr(config, "sliding_window", None)
+    layer_types = getattr(config, "layer_types", None)
+    if window is None or (layer_types is not None and "sliding_attention" not in layer_types):
+        return full
+    query_pos = position_ids[0].unsqueeze(1)
+    key_pos = torch.cat([torch.arange(past_len), position_ids[0]]).unsqueeze(0)
+    windowed = _additive(allowed & (query_pos - key_pos < window), dtype)
+    if layer_types is None:
+        return windowed
+    return {"full_attention": full, "sliding_attention": windowed}
+
+
+def _additive(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Bool [T, S] -> additive float [1, 1, T, S]: 0 where allowed, the dtype's min elsewhere."""
+    mask = torch.zeros(allowed.shape, dtype=dtype)
+    mask.masked_fill_(~allowed, torch.finfo(dtype).min)
+    return mask[None, None]

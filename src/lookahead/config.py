@@ -1,0 +1,108 @@
+"""Frozen, validated configuration of each decoding method and of sampling.
+
+Every config checks its own fields in ``__post_init__`` and raises a ``ValueError`` that names
+the argument and the range it expects, so bad input never reaches the decode loop.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# Bounds that catch typos ("window=700") long before they would exhaust memory.
+MAX_WINDOW = 64
+MAX_NGRAM = 16
+MAX_GUESS = 64
+MAX_DRAFT_TOKENS = 64
+
+METHODS = ("autoregressive", "lookahead", "prompt_lookup", "draft")
+
+
+def check_int(name: str, value: object, low: int, high: int) -> int:
+    """Return ``value`` if it is an int in ``[low, high]``, else raise naming ``name``."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int in [{low}, {high}], got {value!r}")
+    if not low <= value <= high:
+        raise ValueError(f"{name} must be in [{low}, {high}], got {value}")
+    return value
+
+
+@dataclass(frozen=True)
+class LookaheadConfig:
+    """Shape of lookahead decoding (Fu et al., "Break the Sequential Dependency of LLM Inference
+    Using Lookahead Decoding", ICML 2024).
+
+    window: W, how many future positions the Jacobi window guesses at once.
+    ngram: N, the length of the n-grams collected from the window's trajectory; the window keeps
+        N - 1 levels of past guesses and each candidate verifies N - 1 tokens.
+    guess: G, at most this many candidate n-grams are verified per step.
+    prompt_pool: seed the n-gram pool with the prompt's own n-grams.
+    output_pool: also add the n-grams of the accepted output as it grows (prompt-lookup style).
+    """
+
+    window: int = 7
+    ngram: int = 5
+    guess: int = 7
+    prompt_pool: bool = True
+    output_pool: bool = True
+
+    def __post_init__(self) -> None:
+        check_int("window", self.window, 1, MAX_WINDOW)
+        check_int("ngram", self.ngram, 2, MAX_NGRAM)
+        check_int("guess", self.guess, 1, MAX_GUESS)
+
+    @property
+    def levels(self) -> int:
+        """Number of trajectory levels kept in the window (N - 1)."""
+        return self.ngram - 1
+
+
+@dataclass(frozen=True)
+class PromptLookupConfig:
+    """Prompt lookup decoding: copy the tokens that followed the latest earlier occurrence of the
+    text's last n-gram (n from ``max_ngram`` down to ``min_ngram``)."""
+
+    num_draft_tokens: int = 10
+    max_ngram: int = 3
+    min_ngram: int = 1
+
+    def __post_init__(self) -> None:
+        check_int("num_draft_tokens", self.num_draft_tokens, 1, MAX_DRAFT_TOKENS)
+        check_int("max_ngram", self.max_ngram, 1, MAX_NGRAM)
+        check_int("min_ngram", self.min_ngram, 1, self.max_ngram)
+
+
+@dataclass(frozen=True)
+class DraftConfig:
+    """Draft-model speculative decoding: a small model proposes ``num_draft_tokens`` per step."""
+
+    num_draft_tokens: int = 5
+
+    def __post_init__(self) -> None:
+        check_int("num_draft_tokens", self.num_draft_tokens, 1, MAX_DRAFT_TOKENS)
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    """How a token is chosen from the target's logits.
+
+    ``do_sample=False`` is greedy (argmax). Otherwise logits are divided by ``temperature``, cut to
+    the ``top_k`` most likely tokens (0 = off) and to the smallest set whose probability reaches
+    ``top_p`` (1.0 = off), in that order, as Hugging Face's warpers do.
+    """
+
+    do_sample: bool = False
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.do_sample, bool):
+            raise TypeError(f"do_sample must be a bool, got {self.do_sample!r}")
+        if not isinstance(self.temperature, (int, float)) or not self.temperature > 0:
+            raise ValueError(f"temperature must be a number > 0, got {self.temperature!r}")
+        check_int("top_k", self.top_k, 0, 1 << 30)
+        if not isinstance(self.top_p, (int, float)) or not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
+        if self.seed is not None:
+            check_int("seed", self.seed, 0, (1 << 63) - 1)

@@ -1,0 +1,141 @@
+"""The decode loop: propose -> one forward -> verify -> accept -> roll back cache -> update.
+
+``Decoder`` holds one request's state (KV cache, proposer, RNG, statistics). Iterating it
+yields the tokens committed at each step, the prefill's first token included.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator, Sequence
+
+import torch
+
+from lookahead.attention import StepLayout, TokenTree, attention_mask, layout_step
+from lookahead.cache import cache_length, keep_new, new_cache
+from lookahead.config import SamplingConfig
+from lookahead.proposers.base import Proposal, Proposer, StepOutcome
+from lookahead.stats import GenerationStats
+from lookahead.verify import Verdict, choose, verify_greedy, verify_sampling, warp
+
+logger = logging.getLogger(__name__)
+
+
+class Decoder:
+    """One request: a prompt decoded by ``model`` with the help of ``proposer``.
+
+    input_ids: LongTensor [1, prompt_len]. Tokens are committed until ``max_new_tokens`` or
+    until a token in ``eos_token_ids`` (which is emitted, as ``model.generate`` does).
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        input_ids: torch.Tensor,
+        proposer: Proposer,
+        *,
+        max_new_tokens: int,
+        sampling: SamplingConfig,
+        eos_token_ids: Sequence[int],
+        generator: torch.Generator | None = None,
+        method: str = "",
+    ) -> None:
+        self.model = model
+        self.proposer = proposer
+        self.sampling = sampling
+        self.max_new_tokens = max_new_tokens
+        self.eos_token_ids = frozenset(eos_token_ids)
+        self.generator = generator
+        self.cache = new_cache()
+        self.prompt = input_ids[0].tolist()
+        self.context: list[int] = list(self.prompt)
+        self.stats = GenerationStats(method=method, prompt_tokens=len(self.prompt))
+        self.finished = False
+
+    def __iter__(self) -> Iterator[list[int]]:
+        start = time.perf_counter()
+        committed = self._prefill()
+        self.stats.time_to_first_token = self.stats.seconds = time.perf_counter() - start
+        yield committed
+        while not self.finished:
+            committed = self._step()
+            self.stats.seconds = time.perf_counter() - start
+            yield committed
+        logger.debug("decoded %d tokens in %d steps", self.stats.new_tokens, self.stats.steps)
+
+    @property
+    def new_tokens(self) -> list[int]:
+        return self.context[len(self.prompt) :]
+
+    @torch.inference_mode()
+    def _prefill(self) -> list[int]:
+        """Run the prompt once (its KV stays cached for good) and choose the first token."""
+        ids = torch.tensor([self.prompt], dtype=torch.long)
+        out = self.model(input_ids=ids, past_key_values=self.cache, use_cache=True, logits_to_keep=1)
+        token = choose(out.logits[0, -1], self.sampling, self.generator)
+        self.stats.record_step(forward_tokens=len(self.prompt), proposed=0, accepted=0)
+        self.proposer.start(self.prompt)
+        return self._commit([token])
+
+    @torch.inference_mode()
+    def _step(self) -> list[int]:
+        past = cache_length(self.cache)  # every committed token but x0 = context[-1]
+        room = self.max_new_tokens - self.stats.new_tokens - 1  # the bonus token needs one
+        # 1. Propose candidates (and, for lookahead, the window to run beside them).
+        proposal = self.proposer.propose(self.context, max_tokens=room)
+        tree = TokenTree(self.context[-1], proposal.candidates)
+        layout = layout_step(tree, proposal.branch, position=past)
+        # 2. One forward pass over x0, the branch and the candidate tree.
+        logits = self._forward(layout, past)
+        # 3. Verify: the longest acceptable root path, then a bonus or recovered token.
+        verdict = self._verify(tree, logits[: len(tree)], proposal)
+        # 4. Accept: commit the tokens, stopping at EOS or at max_new_tokens.
+        committed = self._commit(verdict.tokens)
+        self.stats.record_step(layout.input_ids.shape[1], len(tree) - 1, len(verdict.nodes))
+        # 5. Roll back the cache to x0 and the accepted nodes.
+        keep_new(self.cache, past, [0] + [int(layout.tree_rows[n]) for n in verdict.nodes])
+        # 6. Let the proposer learn from what happened.
+        branch_logits = logits[len(tree) :] if proposal.branch is not None else None
+        self.proposer.update(self.context, StepOutcome(committed, len(verdict.nodes), branch_logits))
+        return committed
+
+    def _forward(self, layout: StepLayout, past: int) -> torch.Tensor:
+        """Logits [R, V] of the layout's logit rows (tree rows first, then branch rows)."""
+        mask, keep = None, 0
+        if layout.visible is not None:
+            config, dtype = self.model.config, self.model.dtype
+            mask = attention_mask(config, layout.visible, past, layout.position_ids, dtype)
+            keep = layout.logit_rows
+        out = self.model(
+            input_ids=layout.input_ids,
+            position_ids=layout.position_ids,
+            attention_mask=mask,
+            past_key_values=self.cache,
+            use_cache=True,
+            logits_to_keep=keep,
+        )
+        return out.logits[0]
+
+    def _verify(self, tree: TokenTree, logits: torch.Tensor, proposal: Proposal) -> Verdict:
+        if not self.sampling.do_sample:
+            return verify_greedy(tree, logits)
+        draft = None
+        if proposal.draft_probs is not None:
+            draft = {n: proposal.draft_probs[c][o] for n, (c, o) in enumerate(tree.source) if n}
+        return verify_sampling(tree, warp(logits, self.sampling), self.generator, draft)
+
+    def _commit(self, tokens: list[int]) -> list[int]:
+        """Append ``tokens`` up to the first EOS (kept) and the token limit; return them."""
+        room = self.max_new_tokens - self.stats.new_tokens
+        kept = tokens[:room]
+        for i, token in enumerate(kept):
+            if token in self.eos_token_ids:
+                kept = kept[: i + 1]
+                self.finished = True
+                break
+        self.context.extend(kept)
+        self.stats.new_tokens += len(kept)
+        if self.stats.new_tokens >= self.max_new_tokens:
+            self.finished = True
+        return kept

@@ -1,0 +1,65 @@
+"""The interface every proposer implements: propose candidates, then observe the outcome."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import torch
+
+from lookahead.attention import Branch
+
+
+@dataclass(frozen=True)
+class Proposal:
+    """What a proposer offers for one step.
+
+    candidates: continuations of the text after ``x0`` (the last token), each a token list.
+    draft_probs: for draft models, ``draft_probs[i]`` is [len(candidates[i]), V], the
+        distribution each token of candidate i was drawn from; None for deterministic proposals.
+    branch: extra tokens to run in the same forward pass (the lookahead window), or None.
+    """
+
+    candidates: list[list[int]] = field(default_factory=list)
+    draft_probs: list[torch.Tensor] | None = None
+    branch: Branch | None = None
+
+
+@dataclass(frozen=True)
+class StepOutcome:
+    """What the step decided, handed back to the proposer.
+
+    committed: tokens appended to the text this step (accepted, then bonus or recovered).
+    accepted: how many of them were proposed tokens.
+    branch_logits: [R, V] logits of the branch rows the proposal asked for, or None.
+    """
+
+    committed: list[int]
+    accepted: int
+    branch_logits: torch.Tensor | None = None
+
+
+class Proposer(Protocol):
+    """A strategy that guesses the next tokens; one instance per request (it holds state)."""
+
+    def start(self, prompt: list[int]) -> None:
+        """Reset for a new text whose prompt is ``prompt``."""
+
+    def propose(self, context: list[int], max_tokens: int) -> Proposal:
+        """Candidates following ``context[-1]`` (x0), each at most ``max_tokens`` long."""
+
+    def update(self, context: list[int], outcome: StepOutcome) -> None:
+        """Learn from the step; ``context`` already ends with ``outcome.committed``."""
+
+
+class NoProposer:
+    """Plain one-token-per-step decoding: proposes nothing."""
+
+    def start(self, prompt: list[int]) -> None:
+        pass
+
+    def propose(self, context: list[int], max_tokens: int) -> Proposal:
+        return Proposal()
+
+    def update(self, context: list[int], outcome: StepOutcome) -> None:
+        pass

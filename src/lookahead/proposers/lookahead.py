@@ -1,0 +1,129 @@
+"""Lookahead decoding (Fu et al., ICML 2024): a Jacobi window that feeds an n-gram pool.
+
+The window keeps ``L = N - 1`` levels of W guesses each; level ``l``, column ``j`` stands at
+``l + j + 1`` positions after ``x0``. Read along a column, the levels are consecutive
+positions, so ``(level_0[j], ..., level_{L-1}[j], out[j])`` -- where ``out[j]`` is the model's
+next-token guess at the top level -- is an n-gram of length N that the model itself produced.
+Those n-grams go into the pool; candidates for the next step are the pool's n-grams starting
+with ``x0``. After each step the window slides by one level: the lowest level drops out and the
+top level's outputs become the new top level (one Jacobi iteration).
+
+Attention inside the window (``Branch.visible``): level 0 is causal along its W columns; a
+token at level ``l >= 1``, column ``j`` sees level 0 up to column ``j`` and levels ``1..l`` of
+column ``j`` -- exactly the tokens at the positions before it.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import OrderedDict
+from collections.abc import Sequence
+
+import torch
+
+from lookahead.attention import Branch
+from lookahead.config import LookaheadConfig
+from lookahead.proposers.base import Proposal, StepOutcome
+
+
+class NGramPool:
+    """Continuations keyed by their first token: ``pool.get(t)`` gives the (n - 1)-token tails
+    of the n-grams that start with ``t``, most recently seen first, at most ``capacity``.
+
+    Example: n=3; after ``add_all([1, 2, 3, 1, 2, 4])`` ``get(1)`` is ``[[2, 4], [2, 3]]``.
+    """
+
+    def __init__(self, n: int, capacity: int) -> None:
+        self.n = n
+        self.capacity = capacity
+        self._tails: dict[int, OrderedDict[tuple[int, ...], None]] = {}
+
+    def add(self, ngram: Sequence[int]) -> None:
+        """Insert one n-gram (or refresh it as most recent); evict the oldest beyond capacity."""
+        tails = self._tails.setdefault(ngram[0], OrderedDict())
+        tail = tuple(ngram[1:])
+        if tail in tails:
+            tails.move_to_end(tail)
+            return
+        tails[tail] = None
+        if len(tails) > self.capacity:
+            tails.popitem(last=False)
+
+    def add_all(self, tokens: Sequence[int], start: int = 0) -> None:
+        """Add every n-gram of ``tokens`` that begins at index ``start`` or later."""
+        for i in range(max(start, 0), len(tokens) - self.n + 1):
+            self.add(tokens[i : i + self.n])
+
+    def get(self, token: int) -> list[list[int]]:
+        tails = self._tails.get(token)
+        return [list(t) for t in reversed(tails)] if tails else []
+
+    def __len__(self) -> int:
+        return sum(len(t) for t in self._tails.values())
+
+
+def window_visibility(levels: int, window: int) -> torch.Tensor:
+    """Bool [levels * window, levels * window]; row/column index is ``level * window + col``."""
+    size = levels * window
+    vis = torch.zeros(size, size, dtype=torch.bool)
+    causal = torch.tril(torch.ones(window, window, dtype=torch.bool))
+    for level in range(levels):
+        rows = slice(level * window, (level + 1) * window)
+        vis[rows, :window] = causal  # level 0 up to this column
+        for lower in range(1, level + 1):  # the same column at levels 1..level
+            cols = torch.arange(window) + lower * window
+            vis[torch.arange(window) + level * window, cols] = True
+    return vis
+
+
+class LookaheadProposer:
+    """Per-request lookahead state: the Jacobi window and the n-gram pool."""
+
+    def __init__(self, config: LookaheadConfig, seed: int = 0) -> None:
+        self.config = config
+        self._random = random.Random(seed)
+        self.pool = NGramPool(config.ngram, config.guess)
+        self.levels: list[list[int]] = []
+        self._pooled = 0  # tokens of the text whose n-grams are in the pool
+        self._visibility: dict[int, torch.Tensor] = {}
+
+    def start(self, prompt: list[int]) -> None:
+        cfg = self.config
+        self.pool = NGramPool(cfg.ngram, cfg.guess)
+        if cfg.prompt_pool:
+            self.pool.add_all(prompt)
+        self._pooled = len(prompt)
+        # The first level is seeded with prompt tokens; the rest fill in over N - 2 steps.
+        self.levels = [[self._random.choice(prompt) for _ in range(cfg.window)]]
+
+    def propose(self, context: list[int], max_tokens: int) -> Proposal:
+        candidates = []
+        if max_tokens > 0:
+            candidates = [c[:max_tokens] for c in self.pool.get(context[-1])]
+        return Proposal(candidates, branch=self._branch())
+
+    def update(self, context: list[int], outcome: StepOutcome) -> None:
+        guesses = outcome.branch_logits.argmax(dim=-1).tolist()  # top level's next tokens
+        if len(self.levels) == self.config.levels:
+            for column, last in enumerate(guesses):
+                self.pool.add([level[column] for level in self.levels] + [last])
+            self.levels = self.levels[1:]
+        self.levels.append(guesses)
+        if self.config.output_pool:
+            self.pool.add_all(context, start=self._pooled - self.config.ngram + 1)
+        self._pooled = len(context)
+
+    def _branch(self) -> Branch:
+        """The window as extra step tokens: level-major order, depth ``level + col + 1``."""
+        n_levels, window = len(self.levels), self.config.window
+        if n_levels not in self._visibility:
+            self._visibility[n_levels] = window_visibility(n_levels, window)
+        depths = torch.arange(window).repeat(n_levels) + 1
+        depths += torch.arange(n_levels).repeat_interleave(window)
+        top = torch.arange(window) + (n_levels - 1) * window
+        return Branch(
+            tokens=torch.tensor([t for level in self.levels for t in level], dtype=torch.long),
+            depths=depths,
+            visible=self._visibility[n_levels],
+            logit_rows=top,
+        )

@@ -1,0 +1,55 @@
+"""Prompt lookup decoding: copy what followed the text's last n-gram when it appeared before."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
+
+from lookahead.config import PromptLookupConfig
+from lookahead.proposers.base import Proposal, StepOutcome
+
+
+def find_continuation(
+    tokens: Sequence[int], max_ngram: int, min_ngram: int, length: int
+) -> list[int]:
+    """Up to ``length`` tokens that followed the latest earlier occurrence of the last n-gram.
+
+    Longer n-grams are tried first (n = max_ngram .. min_ngram): a longer match predicts better.
+
+    Example: tokens ``[1, 2, 3, 4, 9, 2, 3]``, max_ngram=2, length=2: the last 2-gram ``2, 3``
+    occurred at index 1, followed by ``4, 9`` -> ``[4, 9]``.
+    """
+    arr = np.asarray(tokens, dtype=np.int64)
+    for n in range(max_ngram, min_ngram - 1, -1):
+        if len(arr) <= n:
+            continue
+        # Windows start at 0 .. len - n - 1, so the suffix never matches itself and every
+        # match has at least one token after it.
+        windows = sliding_window_view(arr[:-1], n)
+        hits = np.flatnonzero((windows == arr[-n:]).all(axis=1))
+        if hits.size:
+            start = int(hits[-1]) + n
+            return arr[start : start + length].tolist()
+    return []
+
+
+class PromptLookupProposer:
+    """Proposes one candidate copied from earlier text (prompt and output alike)."""
+
+    def __init__(self, config: PromptLookupConfig) -> None:
+        self.config = config
+
+    def start(self, prompt: list[int]) -> None:
+        pass
+
+    def propose(self, context: list[int], max_tokens: int) -> Proposal:
+        length = min(self.config.num_draft_tokens, max_tokens)
+        if length <= 0:
+            return Proposal()
+        match = find_continuation(context, self.config.max_ngram, self.config.min_ngram, length)
+        return Proposal([match]) if match else Proposal()
+
+    def update(self, context: list[int], outcome: StepOutcome) -> None:
+        pass

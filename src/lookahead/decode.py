@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 
 import torch
 
@@ -20,6 +21,40 @@ from lookahead.stats import GenerationStats
 from lookahead.verify import Verdict, choose, verify_greedy, verify_sampling, warp
 
 logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    """One step's proposal, its candidate tree and the input laid out for the forward pass."""
+
+    proposal: Proposal
+    tree: TokenTree
+    layout: StepLayout
+
+
+def fit_budget(proposal: Proposal, budget: int | None) -> Proposal:
+    """Trim ``proposal`` so that x0, the branch and the candidate trie fit in ``budget`` tokens.
+
+    The branch is dropped first (it only feeds future steps); then candidates are kept in
+    order while the trie they form still fits.
+    """
+    if budget is None:
+        return proposal
+    branch = proposal.branch
+    if branch is not None and 1 + len(branch.tokens) > budget:
+        branch = None
+    room = budget - 1 - (0 if branch is None else len(branch.tokens))
+    kept = 0
+    while kept < len(proposal.candidates):
+        if len(TokenTree(0, proposal.candidates[: kept + 1])) - 1 > room:
+            break
+        kept += 1
+    candidates = proposal.candidates[:kept]
+    probs = proposal.draft_probs[:kept] if proposal.draft_probs is not None else None
+    if kept == 0 and proposal.candidates and room > 0:  # a single long chain: cut it short
+        candidates = [proposal.candidates[0][:room]]
+        probs = [proposal.draft_probs[0][:room]] if probs is not None else None
+    return Proposal(candidates, probs, branch)
 
 
 class Decoder:
@@ -81,24 +116,39 @@ class Decoder:
     @torch.inference_mode()
     def _step(self) -> list[int]:
         past = cache_length(self.cache)  # every committed token but x0 = context[-1]
+        plan = self.plan(past)  # 1. propose
+        logits = self._forward(plan.layout, past)  # 2. one forward pass
+        committed, keep = self.finish(plan, logits)  # 3. verify, 4. accept, 6. update
+        keep_new(self.cache, past, keep)  # 5. roll back the cache to the accepted tokens
+        return committed
+
+    def plan(self, past: int, budget: int | None = None) -> StepPlan:
+        """Step 1: propose candidates (and the lookahead window) and lay out the step's input.
+
+        ``budget`` caps the step's input tokens (x0 included): the server shares one forward
+        pass between requests. The window goes first, then candidates beyond the budget.
+        """
         room = self.max_new_tokens - self.stats.new_tokens - 1  # the bonus token needs one
-        # 1. Propose candidates (and, for lookahead, the window to run beside them).
-        proposal = self.proposer.propose(self.context, max_tokens=room)
+        proposal = fit_budget(self.proposer.propose(self.context, max_tokens=room), budget)
         tree = TokenTree(self.context[-1], proposal.candidates)
-        layout = layout_step(tree, proposal.branch, position=past)
-        # 2. One forward pass over x0, the branch and the candidate tree.
-        logits = self._forward(layout, past)
+        return StepPlan(proposal, tree, layout_step(tree, proposal.branch, position=past))
+
+    def finish(self, plan: StepPlan, logits: torch.Tensor) -> tuple[list[int], list[int]]:
+        """Steps 3, 4 and 6 on the step's logits [R, V] (tree rows first, then branch rows).
+
+        Returns the committed tokens and the step-input rows whose KV entries stay cached
+        (x0 and the accepted nodes).
+        """
+        tree, proposal = plan.tree, plan.proposal
         # 3. Verify: the longest acceptable root path, then a bonus or recovered token.
         verdict = self._verify(tree, logits[: len(tree)], proposal)
         # 4. Accept: commit the tokens, stopping at EOS or at max_new_tokens.
         committed = self._commit(verdict.tokens)
-        self.stats.record_step(layout.input_ids.shape[1], len(tree) - 1, len(verdict.nodes))
-        # 5. Roll back the cache to x0 and the accepted nodes.
-        keep_new(self.cache, past, [0] + [int(layout.tree_rows[n]) for n in verdict.nodes])
+        self.stats.record_step(plan.layout.input_ids.shape[1], len(tree) - 1, len(verdict.nodes))
         # 6. Let the proposer learn from what happened.
         branch_logits = logits[len(tree) :] if proposal.branch is not None else None
         self.proposer.update(self.context, StepOutcome(committed, len(verdict.nodes), branch_logits))
-        return committed
+        return committed, [0] + [int(plan.layout.tree_rows[n]) for n in verdict.nodes]
 
     def _forward(self, layout: StepLayout, past: int) -> torch.Tensor:
         """Logits [R, V] of the layout's logit rows (tree rows first, then branch rows)."""

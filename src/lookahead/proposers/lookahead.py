@@ -103,15 +103,19 @@ class LookaheadProposer:
         return Proposal(candidates, branch=self._branch())
 
     def update(self, context: list[int], outcome: StepOutcome) -> None:
-        guesses = outcome.branch_logits.argmax(dim=-1).tolist()  # top level's next tokens
+        if outcome.branch_logits is not None:  # None when a busy server left the window out
+            self._slide(outcome.branch_logits.argmax(dim=-1).tolist())
+        if self.config.output_pool:
+            self.pool.add_all(context, start=self._pooled - self.config.ngram + 1)
+        self._pooled = len(context)
+
+    def _slide(self, guesses: list[int]) -> None:
+        """Harvest the window's n-grams and make ``guesses`` (top level's outputs) its new top."""
         if len(self.levels) == self.config.levels:
             for column, last in enumerate(guesses):
                 self.pool.add([level[column] for level in self.levels] + [last])
             self.levels = self.levels[1:]
         self.levels.append(guesses)
-        if self.config.output_pool:
-            self.pool.add_all(context, start=self._pooled - self.config.ngram + 1)
-        self._pooled = len(context)
 
     def _branch(self) -> Branch:
         """The window as extra step tokens: level-major order, depth ``level + col + 1``."""

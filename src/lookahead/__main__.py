@@ -1,0 +1,5 @@
+import sys
+
+from lookahead.cli import main
+
+sys.exit(main())

@@ -1,0 +1,39 @@
+"""The ``lookahead`` command: ``lookahead demo | generate | chat | bench | tune | serve | loadtest``.
+
+Each subcommand lives in its own module, which exposes ``register(subparsers)``: it adds its
+parser and sets ``func`` (called with the parsed arguments, returning an exit code).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+
+# Modules that register subcommands, in the order ``--help`` lists them.
+SUBCOMMAND_MODULES: tuple[str, ...] = ()
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="lookahead",
+        description="Faster text generation with identical output: lookahead decoding, "
+        "prompt lookup and draft-model speculative decoding.",
+    )
+    parser.add_argument("-v", "--verbose", action="count", default=0, help="more logging")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name in SUBCOMMAND_MODULES:
+        importlib.import_module(name).register(subparsers)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    level = logging.WARNING - 10 * args.verbose
+    logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -36,7 +36,11 @@ class LookaheadConfig:
         N - 1 levels of past guesses and each candidate verifies N - 1 tokens.
     guess: G, at most this many candidate n-grams are verified per step.
     prompt_pool: seed the n-gram pool with the prompt's own n-grams.
-    output_pool: also add the n-grams of the accepted output as it grows (prompt-lookup style).
+    output_pool: also add the n-grams of the accepted output as it grows.
+    lookup_ngram: besides the pool's n-grams keyed by the last token alone, also verify the
+        N - 1 tokens that followed the latest earlier occurrence of the text's last
+        ``lookup_ngram`` (down to 2) tokens; 0 turns this off. A longer match predicts better
+        than one token of context, and it costs at most N - 1 tokens of the step.
     """
 
     window: int = 7
@@ -44,11 +48,13 @@ class LookaheadConfig:
     guess: int = 7
     prompt_pool: bool = True
     output_pool: bool = True
+    lookup_ngram: int = 3
 
     def __post_init__(self) -> None:
         check_int("window", self.window, 1, MAX_WINDOW)
         check_int("ngram", self.ngram, 2, MAX_NGRAM)
         check_int("guess", self.guess, 1, MAX_GUESS)
+        check_int("lookup_ngram", self.lookup_ngram, 0, MAX_NGRAM)
 
     @property
     def levels(self) -> int:

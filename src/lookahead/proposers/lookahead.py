@@ -24,6 +24,7 @@ import torch
 from lookahead.attention import Branch
 from lookahead.config import LookaheadConfig
 from lookahead.proposers.base import Proposal, StepOutcome
+from lookahead.proposers.prompt_lookup import find_continuation
 
 
 class NGramPool:
@@ -97,9 +98,14 @@ class LookaheadProposer:
         self.levels = [[self._random.choice(prompt) for _ in range(cfg.window)]]
 
     def propose(self, context: list[int], max_tokens: int) -> Proposal:
-        candidates = []
-        if max_tokens > 0:
-            candidates = [c[:max_tokens] for c in self.pool.get(context[-1])]
+        length = min(self.config.ngram - 1, max_tokens)
+        if length <= 0:
+            return Proposal(branch=self._branch())
+        candidates = [c[:length] for c in self.pool.get(context[-1])]
+        if self.config.lookup_ngram >= 2:
+            match = find_continuation(context, self.config.lookup_ngram, 2, length)
+            if match:
+                candidates.insert(0, match)
         return Proposal(candidates, branch=self._branch())
 
     def update(self, context: list[int], outcome: StepOutcome) -> None:

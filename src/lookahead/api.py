@@ -28,7 +28,8 @@ logger = logging.getLogger(__name__)
 # The options each method accepts besides the common arguments.
 METHOD_OPTIONS = {
     "autoregressive": (),
-    "lookahead": ("window", "ngram", "guess", "prompt_pool", "output_pool", "lookup_ngram"),
+    "lookahead": ("window", "ngram", "guess", "prompt_pool", "output_pool", "lookup_ngram",
+                  "lookup_tokens"),
     "prompt_lookup": ("num_draft_tokens", "max_ngram", "min_ngram"),
     "draft": ("draft_model", "num_draft_tokens"),
 }

@@ -40,7 +40,9 @@ class LookaheadConfig:
     lookup_ngram: besides the pool's n-grams keyed by the last token alone, also verify the
         N - 1 tokens that followed the latest earlier occurrence of the text's last
         ``lookup_ngram`` (down to 2) tokens; 0 turns this off. A longer match predicts better
-        than one token of context, and it costs at most N - 1 tokens of the step.
+        than one token of context.
+    lookup_tokens: how many tokens that continuation may have (a repeated passage can be
+        accepted whole, so it may be longer than the pool's N - 1).
     """
 
     window: int = 7
@@ -49,12 +51,14 @@ class LookaheadConfig:
     prompt_pool: bool = True
     output_pool: bool = True
     lookup_ngram: int = 3
+    lookup_tokens: int = 8
 
     def __post_init__(self) -> None:
         check_int("window", self.window, 1, MAX_WINDOW)
         check_int("ngram", self.ngram, 2, MAX_NGRAM)
         check_int("guess", self.guess, 1, MAX_GUESS)
         check_int("lookup_ngram", self.lookup_ngram, 0, MAX_NGRAM)
+        check_int("lookup_tokens", self.lookup_tokens, 1, MAX_DRAFT_TOKENS)
 
     @property
     def levels(self) -> int:

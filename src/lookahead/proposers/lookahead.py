@@ -98,12 +98,13 @@ class LookaheadProposer:
         self.levels = [[self._random.choice(prompt) for _ in range(cfg.window)]]
 
     def propose(self, context: list[int], max_tokens: int) -> Proposal:
-        length = min(self.config.ngram - 1, max_tokens)
-        if length <= 0:
+        cfg = self.config
+        if max_tokens <= 0:
             return Proposal(branch=self._branch())
-        candidates = [c[:length] for c in self.pool.get(context[-1])]
-        if self.config.lookup_ngram >= 2:
-            match = find_continuation(context, self.config.lookup_ngram, 2, length)
+        candidates = [c[:max_tokens] for c in self.pool.get(context[-1])]
+        if cfg.lookup_ngram >= 2:
+            length = min(cfg.lookup_tokens, max_tokens)
+            match = find_continuation(context, cfg.lookup_ngram, 2, length)
             if match:
                 candidates.insert(0, match)
         return Proposal(candidates, branch=self._branch())

@@ -144,10 +144,11 @@ class Decoder:
         verdict = self._verify(tree, logits[: len(tree)], proposal)
         # 4. Accept: commit the tokens, stopping at EOS or at max_new_tokens.
         committed = self._commit(verdict.tokens)
-        self.stats.record_step(plan.layout.input_ids.shape[1], len(tree) - 1, len(verdict.nodes))
+        accepted = min(len(verdict.nodes), len(committed))  # none count past an EOS or the limit
+        self.stats.record_step(plan.layout.input_ids.shape[1], len(tree) - 1, accepted)
         # 6. Let the proposer learn from what happened.
         branch_logits = logits[len(tree) :] if proposal.branch is not None else None
-        self.proposer.update(self.context, StepOutcome(committed, len(verdict.nodes), branch_logits))
+        self.proposer.update(self.context, StepOutcome(committed, accepted, branch_logits))
         return committed, [0] + [int(plan.layout.tree_rows[n]) for n in verdict.nodes]
 
     def _forward(self, layout: StepLayout, past: int) -> torch.Tensor:

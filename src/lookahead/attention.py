@@ -2,12 +2,12 @@
 
 A step feeds the model, in one forward pass::
 
-    [ x0 | lookahead branch (B tokens) | candidate tree (C tokens) ]
+    [ x0 | candidate tree (C - 1 tokens) | lookahead branch (B tokens) ]
 
-``x0`` is the last accepted token (not yet in the KV cache). The lookahead branch is the Jacobi
-window of lookahead decoding (empty for the other methods). The candidate tree merges the
-proposals that start after ``x0`` into a trie, so that two candidates sharing a prefix cost
-their shared tokens once. Every token sees the whole cached prefix; inside the step it sees
+``x0`` is the last accepted token (not yet in the KV cache). The candidate tree merges the
+proposals that start after ``x0`` into a trie rooted at ``x0``. The lookahead branch is the
+Jacobi window of lookahead decoding (empty for the other methods). In the trie two candidates
+sharing a prefix cost their shared tokens once. Every token sees the whole cached prefix; inside the step it sees
 ``x0``, and then only its own branch ancestors (window) or its own trie ancestors (candidates).
 """
 
@@ -87,63 +87,54 @@ class Branch:
 
 @dataclass(frozen=True)
 class StepLayout:
-    """Where everything sits in the step's input of length T = 1 + B + (C - 1).
+    """Where everything sits in the step's input of length T = C + B.
 
-    input_ids, position_ids: [1, T]. visible: bool [T, T] or None when the step is a plain
-    causal chain (then the model builds its own mask). tree_rows: [C] row of each tree node
-    (row 0 is x0). branch_rows: [R] rows of the branch's requested logits.
+    Rows ``0 .. C-1`` are the candidate tree (row 0 is x0, then the trie in insertion order,
+    so the first candidate's tokens are contiguous and accepting them is a plain cache crop);
+    rows ``C .. C+B-1`` are the branch.
+    input_ids, position_ids: [1, T]. visible: bool [T, T], or None when the step is a plain
+    causal chain (then the model builds its own mask). logit_rows: [C + R] rows whose logits
+    the step needs: the tree's, then the branch's requested ones.
     """
 
     input_ids: torch.Tensor
     position_ids: torch.Tensor
     visible: torch.Tensor | None
-    tree_rows: torch.Tensor
-    branch_rows: torch.Tensor
-
-    @property
-    def logit_rows(self) -> torch.Tensor:
-        """Rows whose logits the step needs: the tree's, then the branch's requested ones."""
-        return torch.cat([self.tree_rows, self.branch_rows])
+    tree_size: int
+    logit_rows: torch.Tensor
 
 
 def layout_step(tree: TokenTree, branch: Branch | None, position: int) -> StepLayout:
-    """Lay out ``[x0 | branch | tree nodes 1..]`` with ``x0`` at absolute ``position``."""
-    n_branch = 0 if branch is None else len(branch.tokens)
+    """Lay out ``[tree (x0 first) | branch]`` with ``x0`` at absolute ``position``."""
     n_tree = len(tree)
-    tree_tokens = torch.tensor(tree.tokens, dtype=torch.long)
-    tree_depths = torch.tensor(tree.depths, dtype=torch.long)
-    if branch is None:
-        tokens, depths = tree_tokens, tree_depths
-    else:
-        tokens = torch.cat([tree_tokens[:1], branch.tokens, tree_tokens[1:]])
-        depths = torch.cat([tree_depths[:1], branch.depths, tree_depths[1:]])
-    tree_rows = torch.arange(n_tree)
-    tree_rows[1:] += n_branch
-    branch_rows = (
-        torch.zeros(0, dtype=torch.long) if branch is None else branch.logit_rows + 1
-    )
+    tokens = torch.tensor(tree.tokens, dtype=torch.long)
+    depths = torch.tensor(tree.depths, dtype=torch.long)
+    logit_rows = torch.arange(n_tree)
+    if branch is not None:
+        tokens = torch.cat([tokens, branch.tokens])
+        depths = torch.cat([depths, branch.depths])
+        logit_rows = torch.cat([logit_rows, branch.logit_rows + n_tree])
     visible = None
     if branch is not None or not tree.is_chain():
-        visible = _visibility(tree, branch, n_branch)
+        visible = _visibility(tree, branch)
     return StepLayout(
         input_ids=tokens.unsqueeze(0),
         position_ids=(depths + position).unsqueeze(0),
         visible=visible,
-        tree_rows=tree_rows,
-        branch_rows=branch_rows,
+        tree_size=n_tree,
+        logit_rows=logit_rows,
     )
 
 
-def _visibility(tree: TokenTree, branch: Branch | None, n_branch: int) -> torch.Tensor:
+def _visibility(tree: TokenTree, branch: Branch | None) -> torch.Tensor:
     """Bool [T, T] visibility inside the step (everything sees x0 at column 0)."""
-    size = 1 + n_branch + len(tree) - 1
+    n_tree = len(tree)
+    size = n_tree + (0 if branch is None else len(branch.tokens))
     vis = np.zeros((size, size), dtype=bool)
-    vis[:, 0] = True
+    vis[:n_tree, :n_tree] = tree.ancestors()
     if branch is not None:
-        vis[1 : 1 + n_branch, 1 : 1 + n_branch] = branch.visible.numpy()
-    anc = tree.ancestors()
-    start = 1 + n_branch
-    vis[start:, start:] = anc[1:, 1:]
+        vis[n_tree:, 0] = True
+        vis[n_tree:, n_tree:] = branch.visible.numpy()
     return torch.from_numpy(vis)
 
 

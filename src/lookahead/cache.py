@@ -31,17 +31,14 @@ def keep_new(cache: DynamicCache, past_len: int, rows: list[int]) -> None:
     ``rows`` are indices into the step's input (0 = the first new entry) in increasing order.
     Example: past_len=10, a step of 6 tokens, rows=[0, 3, 4] leaves 13 positions: the old 10,
     then the step's entries 0, 3 and 4 in that order. A contiguous ``rows == [0 .. k-1]`` is a
-    plain crop, which copies nothing.
+    plain crop, which copies nothing; otherwise only the kept rows are moved into place.
     """
-    total = cache_length(cache)
-    if rows == list(range(len(rows))):
-        drop = total - past_len - len(rows)
-        if drop > 0:
-            cache.crop(-drop)
-        return
-    index = torch.tensor(rows, dtype=torch.long) + past_len
-    for layer in cache.layers:
-        layer.keys = torch.cat([layer.keys[..., :past_len, :], layer.keys[..., index, :]], dim=-2)
-        layer.values = torch.cat(
-            [layer.values[..., :past_len, :], layer.values[..., index, :]], dim=-2
-        )
+    if rows != list(range(len(rows))):
+        source = torch.tensor(rows, dtype=torch.long) + past_len
+        for layer in cache.layers:
+            # Rows only move to lower indices, and the gather copies before the write.
+            layer.keys[..., past_len : past_len + len(rows), :] = layer.keys[..., source, :]
+            layer.values[..., past_len : past_len + len(rows), :] = layer.values[..., source, :]
+    drop = cache_length(cache) - past_len - len(rows)
+    if drop > 0:
+        cache.crop(-drop)

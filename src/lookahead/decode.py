@@ -32,6 +32,29 @@ class StepPlan:
     layout: StepLayout
 
 
+def longrope_switch(config) -> int | None:
+    """For "longrope" models, the sequence length past which the long factors apply."""
+    rope = getattr(config, "rope_parameters", None) or {}
+    if rope.get("rope_type") != "longrope":
+        return None
+    return rope.get("original_max_position_embeddings") or getattr(
+        config, "original_max_position_embeddings", None
+    )
+
+
+def fit_depth(proposal: Proposal, depth: int) -> Proposal:
+    """Keep proposed tokens at most ``depth`` positions after x0 (the branch whole or not at
+    all), so that a step never reaches positions the plain decoder has not reached yet."""
+    branch = proposal.branch
+    if branch is not None and int(branch.depths.max()) > depth:
+        branch = None
+    candidates = [c[:depth] for c in proposal.candidates] if depth > 0 else []
+    probs = proposal.draft_probs
+    if probs is not None:
+        probs = [p[:depth] for p in probs] if depth > 0 else None
+    return Proposal(candidates, probs, branch)
+
+
 def fit_budget(proposal: Proposal, budget: int | None) -> Proposal:
     """Trim ``proposal`` so that x0, the branch and the candidate trie fit in ``budget`` tokens.
 
@@ -87,6 +110,9 @@ class Decoder:
         self.context: list[int] = list(self.prompt)
         self.stats = GenerationStats(method=method, prompt_tokens=len(self.prompt))
         self.finished = False
+        self.position_limit = getattr(model.config, "max_position_embeddings", None)
+        self.rope_switch = longrope_switch(model.config)
+        self._rope_cached_at = len(self.prompt)  # text length when the cache was last computed
 
     def __iter__(self) -> Iterator[list[int]]:
         start = time.perf_counter()
@@ -116,6 +142,8 @@ class Decoder:
     @torch.inference_mode()
     def _step(self) -> list[int]:
         past = cache_length(self.cache)  # every committed token but x0 = context[-1]
+        if self.rope_switch is not None and past >= self.rope_switch > self._rope_cached_at:
+            return self._recompute()
         plan = self.plan(past)  # 1. propose
         logits = self._forward(plan.layout, past)  # 2. one forward pass
         committed, keep = self.finish(plan, logits)  # 3. verify, 4. accept, 6. update
@@ -129,7 +157,11 @@ class Decoder:
         pass between requests. The window goes first, then candidates beyond the budget.
         """
         room = self.max_new_tokens - self.stats.new_tokens - 1  # the bonus token needs one
-        proposal = fit_budget(self.proposer.propose(self.context, max_tokens=room), budget)
+        proposal = self.proposer.propose(self.context, max_tokens=room)
+        depth = self._depth_limit(past)
+        if depth is not None:
+            proposal = fit_depth(proposal, depth)
+        proposal = fit_budget(proposal, budget)
         tree = TokenTree(self.context[-1], proposal.candidates)
         return StepPlan(proposal, tree, layout_step(tree, proposal.branch, position=past))
 
@@ -149,10 +181,36 @@ class Decoder:
         # 6. Let the proposer learn from what happened.
         branch_logits = logits[len(tree) :] if proposal.branch is not None else None
         self.proposer.update(self.context, StepOutcome(committed, accepted, branch_logits))
-        return committed, [0] + [int(plan.layout.tree_rows[n]) for n in verdict.nodes]
+        return committed, [0] + verdict.nodes  # tree node i sits at row i
+
+    def _depth_limit(self, past: int) -> int | None:
+        """How far past x0 (at position ``past``) a step may place tokens: never beyond the
+        model's positions, nor across a long-RoPE switch the plain decoder has not reached."""
+        limits = []
+        if self.position_limit is not None:
+            limits.append(self.position_limit - 1 - past)
+        if self.rope_switch is not None and past < self.rope_switch:
+            limits.append(self.rope_switch - 1 - past)
+        return min(limits) if limits else None
+
+    def _recompute(self) -> list[int]:
+        """Re-run the whole text once it reaches a long-RoPE model's switch point.
+
+        Phi-3-style "longrope" models rotate with short factors while the sequence fits in
+        ``original_max_position_embeddings`` and with long ones beyond; ``model.generate``
+        then recomputes the cache with the long factors, and so do we, at the same token.
+        """
+        self.cache = new_cache()
+        self._rope_cached_at = len(self.context)
+        ids = torch.tensor([self.context], dtype=torch.long)
+        out = self.model(input_ids=ids, past_key_values=self.cache, use_cache=True, logits_to_keep=1)
+        committed = self._commit([choose(out.logits[0, -1], self.sampling, self.generator)])
+        self.stats.record_step(len(self.context), 0, 0)
+        self.proposer.update(self.context, StepOutcome(committed, 0, None))
+        return committed
 
     def _forward(self, layout: StepLayout, past: int) -> torch.Tensor:
-        """Logits [R, V] of the layout's logit rows (tree rows first, then branch rows)."""
+        """Logits [C + R, V] of the layout's logit rows (tree rows, then branch rows)."""
         mask, keep = None, 0
         if layout.visible is not None:
             config, dtype = self.model.config, self.model.dtype

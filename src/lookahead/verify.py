@@ -67,9 +67,15 @@ def warp(logits: torch.Tensor, sampling: SamplingConfig) -> torch.Tensor:
     return scores.softmax(dim=-1)
 
 
+def argmax(logits: torch.Tensor) -> torch.Tensor:
+    """``logits.argmax(-1)``, [...]: ``max`` gives the same first-maximum index and is several
+    times faster than ``argmax`` on bfloat16 CPU tensors."""
+    return logits.max(dim=-1).indices
+
+
 def verify_greedy(tree: TokenTree, logits: torch.Tensor) -> Verdict:
     """Longest root path whose every token is the target's argmax. logits: [len(tree), V]."""
-    best = logits.argmax(dim=-1).tolist()
+    best = argmax(logits).tolist()
     node, path = 0, []
     while (child := tree.children[node].get(best[node])) is not None:
         path.append(child)
@@ -122,5 +128,5 @@ def _residual(p: torch.Tensor, token: int, q: torch.Tensor | None) -> torch.Tens
 def choose(logits: torch.Tensor, sampling: SamplingConfig, generator: torch.Generator | None) -> int:
     """The next token from one row of logits [V]: argmax, or a draw from the warped distribution."""
     if not sampling.do_sample:
-        return int(logits.argmax())
+        return int(argmax(logits))
     return int(torch.multinomial(warp(logits, sampling), 1, generator=generator))

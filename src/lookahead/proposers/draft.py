@@ -7,7 +7,7 @@ import torch
 from lookahead.cache import keep_new, new_cache
 from lookahead.config import DraftConfig, SamplingConfig
 from lookahead.proposers.base import Proposal, StepOutcome
-from lookahead.verify import warp
+from lookahead.verify import argmax, warp
 
 
 class DraftProposer:
@@ -56,7 +56,7 @@ class DraftProposer:
                 token = int(torch.multinomial(q, 1, generator=self.generator))
                 probs.append(q)
             else:
-                token = int(logits.argmax())
+                token = int(argmax(logits))
             tokens.append(token)
             feed = [token]
         draft_probs = [torch.stack(probs)] if probs else None

@@ -25,6 +25,7 @@ from lookahead.attention import Branch
 from lookahead.config import LookaheadConfig
 from lookahead.proposers.base import Proposal, StepOutcome
 from lookahead.proposers.prompt_lookup import find_continuation
+from lookahead.verify import argmax
 
 
 class NGramPool:
@@ -111,7 +112,7 @@ class LookaheadProposer:
 
     def update(self, context: list[int], outcome: StepOutcome) -> None:
         if outcome.branch_logits is not None:  # None when a busy server left the window out
-            self._slide(outcome.branch_logits.argmax(dim=-1).tolist())
+            self._slide(argmax(outcome.branch_logits).tolist())
         if self.config.output_pool:
             self.pool.add_all(context, start=self._pooled - self.config.ngram + 1)
         self._pooled = len(context)

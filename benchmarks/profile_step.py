@@ -1,0 +1,183 @@
+"""Where a lookahead step's time goes, besides the model's own arithmetic.
+
+Runs the decode loop of ``lookahead.decode.Decoder`` phase by phase (the same calls
+``Decoder._step`` makes, timed one by one) on a HumanEval prompt and prints the median
+microseconds per step of each phase; then times the forward pass itself three ways (our 4D
+mask, no mask = causal, and one token) to show what the mask costs inside the model.
+
+    python benchmarks/profile_step.py --threads 2
+    python benchmarks/profile_step.py --model qwen2.5-coder-0.5b --shape 7x5x7 --steps 60
+    python benchmarks/profile_step.py --pyinstrument      # also a call tree of whole steps
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections import defaultdict
+
+import torch
+
+from lookahead.api import make_decoder
+from lookahead.attention import TokenTree, attention_mask, layout_step
+from lookahead.bench.args import apply_threads, positive_int, shape_arg
+from lookahead.cache import cache_length, keep_new
+from lookahead.datasets import encode_prompt, load_prompts
+from lookahead.decode import StepPlan, fit_budget
+from lookahead.models import load_model
+
+
+class Clock:
+    """Accumulates microseconds per phase for the current step."""
+
+    def __init__(self) -> None:
+        self.samples: dict[str, list[float]] = defaultdict(list)
+        self.last = time.perf_counter()
+
+    def lap(self, phase: str) -> None:
+        now = time.perf_counter()
+        self.samples[phase].append(1e6 * (now - self.last))
+        self.last = now
+
+
+def timed_step(decoder, clock: Clock) -> None:
+    """``Decoder._step``, split into phases (steps 1-6 of the loop)."""
+    model, proposer = decoder.model, decoder.proposer
+    clock.lap("(between steps)")
+    past = cache_length(decoder.cache)
+    room = decoder.max_new_tokens - decoder.stats.new_tokens - 1
+    proposal = fit_budget(proposer.propose(decoder.context, max_tokens=room), None)
+    clock.lap("1a propose (pool lookup, window branch)")
+    tree = TokenTree(decoder.context[-1], proposal.candidates)
+    clock.lap("1b token tree (trie)")
+    layout = layout_step(tree, proposal.branch, position=past)
+    clock.lap("1c layout (ids, positions, visibility)")
+    mask = attention_mask(model.config, layout.visible, past, layout.position_ids, model.dtype)
+    keep = layout.logit_rows
+    clock.lap("2a 4D mask [1,1,T,past+T]")
+    out = model(
+        input_ids=layout.input_ids,
+        position_ids=layout.position_ids,
+        attention_mask=mask,
+        past_key_values=decoder.cache,
+        use_cache=True,
+        logits_to_keep=keep,
+    )
+    clock.lap("2b model forward")
+    logits = out.logits[0]
+    # finish() verifies, commits, records stats, then calls proposer.update (timed apart by
+    # the wrapper that profile_phases installs) and returns the rows to keep.
+    committed, rows = decoder.finish(StepPlan(proposal, tree, layout), logits)
+    clock.lap("6b finish() after update (keep rows)")
+    keep_new(decoder.cache, past, rows)
+    clock.lap("5 keep_new (cache rollback)")
+
+
+def time_update(proposer, clock: Clock) -> None:
+    """Split ``finish()`` at the proposer's update (a profiling-only instance override)."""
+    update = proposer.update
+
+    def timed(context, outcome) -> None:
+        clock.lap("3+4 verify, commit, stats")
+        update(context, outcome)
+        clock.lap("6 proposer.update (branch argmax, slide, pool)")
+
+    proposer.update = timed
+
+
+@torch.inference_mode()
+def profile_phases(model, input_ids, shape, steps: int) -> dict[str, list[float]]:
+    decoder = make_decoder(
+        model, input_ids, steps * 8, "lookahead", window=shape[0], ngram=shape[1], guess=shape[2]
+    )
+    decoder._prefill()
+    clock = Clock()
+    time_update(decoder.proposer, clock)
+    forward_tokens = []
+    for _ in range(steps):
+        if decoder.finished:
+            break
+        timed_step(decoder, clock)
+        forward_tokens.append(decoder.stats.forward_tokens_per_step[-1])
+    clock.samples["(forward tokens T)"] = forward_tokens
+    clock.samples["(cache length)"] = [cache_length(decoder.cache)]
+    clock.samples["(tokens per step)"] = [decoder.stats.tokens_per_step]
+    return clock.samples
+
+
+@torch.inference_mode()
+def forward_variants(model, input_ids, shape, repeats: int = 15) -> dict[str, float]:
+    """Median µs of one step-sized forward: with a 4D lookahead-shaped mask, without a mask
+    (plain causal), and of one token, on a cache as long as the prompt."""
+    from transformers import DynamicCache
+
+    cache = DynamicCache()
+    model(input_ids=input_ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
+    past = cache_length(cache)
+    window, ngram, guess = shape
+    t = 1 + window * (ngram - 1) + guess * (ngram - 1) // 2  # a typical step
+    ids = input_ids[:, :t] if input_ids.shape[1] >= t else input_ids[:, :1].repeat(1, t)
+    positions = torch.arange(past, past + t).unsqueeze(0)
+    visible = torch.tril(torch.ones(t, t, dtype=torch.bool))
+    mask = attention_mask(model.config, visible, past, positions, model.dtype)
+    keep = torch.arange(t // 2)
+    variants = {
+        f"forward T={t}, 4D mask, logits of {t // 2} rows": (ids, positions, mask, keep),
+        f"forward T={t}, no mask (causal), logits of {t // 2} rows": (ids, positions, None, keep),
+        "forward T=1 (plain decoding step)": (ids[:, :1], positions[:, :1], None, 1),
+    }
+    medians = {}
+    for name, (x, pos, m, k) in variants.items():
+        times = []
+        for _ in range(repeats + 2):
+            start = time.perf_counter()
+            model(input_ids=x, position_ids=pos, attention_mask=m, past_key_values=cache,
+                  use_cache=True, logits_to_keep=k)  # fmt: skip
+            times.append(1e6 * (time.perf_counter() - start))
+            cache.crop(-x.shape[1])
+        medians[name] = statistics.median(times[2:])
+    return medians
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default="smollm2-135m")
+    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--shape", type=shape_arg, default=(7, 5, 7))
+    parser.add_argument("--prompt", type=int, default=0, help="HumanEval index (0)")
+    parser.add_argument("--steps", type=positive_int, default=40)
+    parser.add_argument("--threads", type=positive_int)
+    parser.add_argument("--pyinstrument", action="store_true")
+    args = parser.parse_args(argv)
+    apply_threads(args.threads)
+    model, tokenizer = load_model(args.model, args.dtype)
+    prompt = load_prompts("humaneval", args.prompt + 1)[args.prompt]
+    input_ids = encode_prompt(tokenizer, prompt)
+    profile_phases(model, input_ids, args.shape, 5)  # warm-up
+    samples = profile_phases(model, input_ids, args.shape, args.steps)
+    steps = len(samples["2b model forward"])
+    print(
+        f"{args.model} {args.dtype}, W,N,G={args.shape}, {torch.get_num_threads()} threads, "
+        f"prompt {prompt.id} ({input_ids.shape[1]} tokens), {steps} steps"
+    )
+    for phase, values in samples.items():
+        if phase.startswith("("):
+            print(f"  {phase:58s} median {statistics.median(values):8.1f}")
+        else:
+            print(f"  {phase:58s} median {statistics.median(values):8.0f} µs  "
+                  f"mean {statistics.fmean(values):8.0f} µs")  # fmt: skip
+    for name, micros in forward_variants(model, input_ids, args.shape).items():
+        print(f"  {name:58s} median {micros:8.0f} µs")
+    if args.pyinstrument:
+        from pyinstrument import Profiler
+
+        profiler = Profiler(interval=0.0005)
+        with profiler:
+            profile_phases(model, input_ids, args.shape, args.steps)
+        print(profiler.output_text(unicode=True, color=False, show_all=False))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

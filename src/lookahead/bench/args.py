@@ -1,0 +1,140 @@
+"""Argument helpers shared by ``lookahead bench`` and ``lookahead tune`` (on top of
+``lookahead.commands.common``, which every subcommand shares).
+
+Parse-time validation lives in ``type=`` functions so that a bad value is reported by argparse
+itself (``lookahead bench: error: argument --methods: ...``, exit status 2).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+
+import torch
+
+from lookahead.commands.common import add_model_args, int_in
+from lookahead.config import MAX_GUESS, MAX_NGRAM, MAX_WINDOW
+from lookahead.models import resolve_dtype
+
+logger = logging.getLogger(__name__)
+
+
+def comma_list(choices: tuple[str, ...] | None = None):
+    """An argparse ``type`` for "a,b,c" -> ("a", "b", "c"), each in ``choices`` if given."""
+
+    def parse(text: str) -> tuple[str, ...]:
+        items = tuple(item.strip() for item in text.split(",") if item.strip())
+        if not items:
+            raise argparse.ArgumentTypeError("expected a comma-separated list, got nothing")
+        if choices is not None:
+            unknown = [item for item in items if item not in choices]
+            if unknown:
+                raise argparse.ArgumentTypeError(
+                    f"unknown {', '.join(map(repr, unknown))}; choose from {', '.join(choices)}"
+                )
+        if len(set(items)) != len(items):
+            raise argparse.ArgumentTypeError(f"{text!r} names an item twice")
+        return items
+
+    return parse
+
+
+def dtype_name(text: str) -> str:
+    """An argparse ``type``: a dtype alias ("bf16") -> its canonical name ("bfloat16")."""
+    try:
+        return str(resolve_dtype(text)).removeprefix("torch.")
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def dtype_list(text: str) -> tuple[str, ...]:
+    """An argparse ``type``: "fp32,bf16" -> ("float32", "bfloat16")."""
+    names = tuple(dtype_name(item) for item in comma_list()(text))
+    if len(set(names)) != len(names):
+        raise argparse.ArgumentTypeError(f"{text!r} names a dtype twice")
+    return names
+
+
+def positive_int(text: str) -> int:
+    """An argparse ``type``: an int >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+def shape_arg(text: str) -> str | tuple[int, int, int]:
+    """An argparse ``type`` for ``--shape``: "auto" or "WxNxG" (e.g. "7x5x7")."""
+    if text.strip().lower() == "auto":
+        return "auto"
+    parts = text.lower().replace(",", "x").split("x")
+    try:
+        window, ngram, guess = (int(part) for part in parts)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"--shape is 'auto' or WINDOWxNGRAMxGUESS such as 7x5x7, got {text!r}"
+        ) from None
+    for name, value, low, high in (
+        ("window", window, 1, MAX_WINDOW),
+        ("ngram", ngram, 2, MAX_NGRAM),
+        ("guess", guess, 1, MAX_GUESS),
+    ):
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"{name} must be in [{low}, {high}], got {value}")
+    return window, ngram, guess
+
+
+def add_model_arguments(parser: argparse.ArgumentParser) -> None:
+    """--model, --dtype, --threads (the shared ones of ``lookahead.commands.common``) and
+    --cache-dir."""
+    add_model_args(parser)
+    parser.add_argument("--cache-dir", help="cache root (default ~/.cache/lookahead)")
+
+
+def add_shape_arguments(parser: argparse.ArgumentParser) -> None:
+    """--shape auto|WxNxG and --window/--ngram/--guess (which override parts of --shape)."""
+    parser.add_argument(
+        "--shape",
+        type=shape_arg,
+        help="lookahead shape: 'auto' (this machine's tuned profile, see `lookahead tune`) "
+        "or WINDOWxNGRAMxGUESS, e.g. 7x5x7",
+    )
+    parser.add_argument("--window", type=int_in(1, MAX_WINDOW), metavar="W", help="window W")
+    parser.add_argument("--ngram", type=int_in(2, MAX_NGRAM), metavar="N", help="n-gram size N")
+    parser.add_argument("--guess", type=int_in(1, MAX_GUESS), metavar="G", help="guesses G")
+
+
+def shape_from_args(args: argparse.Namespace) -> dict[str, int]:
+    """The lookahead shape asked for: --shape (auto: the saved profile), then --window etc.
+
+    Returns ``dict(window=, ngram=, guess=)``; validated later by ``LookaheadConfig``.
+    """
+    from lookahead.bench.tune import DEFAULT_SHAPE, resolve_shape
+
+    shape = dict(DEFAULT_SHAPE)
+    if args.shape == "auto":
+        shape = resolve_shape(args.model, args.dtype, cache_dir=args.cache_dir)
+    elif args.shape is not None:
+        shape = dict(zip(("window", "ngram", "guess"), args.shape, strict=True))
+    for name in ("window", "ngram", "guess"):
+        if getattr(args, name) is not None:
+            shape[name] = getattr(args, name)
+    return shape
+
+
+def apply_threads(threads: int | None) -> None:
+    """Set torch's intra-op threads (CLI and scripts only: the library never does)."""
+    if threads is not None:
+        torch.set_num_threads(threads)
+    logger.info("torch uses %d threads", torch.get_num_threads())
+
+
+def quiet_loading(args: argparse.Namespace) -> None:
+    """Hide transformers' per-tensor loading bars unless -v: our progress bar says enough."""
+    if not getattr(args, "verbose", 0):
+        from transformers.utils import logging as transformers_logging
+
+        transformers_logging.disable_progress_bar()

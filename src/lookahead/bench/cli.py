@@ -1,0 +1,147 @@
+"""``lookahead bench``: every method on the same prompts, against HF ``generate``.
+
+    lookahead bench --model smollm2-135m --dataset humaneval --limit 10 --max-new-tokens 256 \\
+        --baseline-dtypes float32,bfloat16 --shape auto --threads 2 --out bench-out
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from lookahead.bench.args import (
+    add_model_arguments,
+    add_shape_arguments,
+    apply_threads,
+    comma_list,
+    dtype_list,
+    positive_int,
+    quiet_loading,
+    shape_from_args,
+)
+from lookahead.bench.methods import METHODS, MethodOptions
+from lookahead.bench.report import markdown_table, write_results
+from lookahead.bench.runner import BenchConfig, run_benchmark
+from lookahead.config import DraftConfig, LookaheadConfig, PromptLookupConfig
+
+logger = logging.getLogger(__name__)
+
+# What a failed run reports as "lookahead bench: error: ..." (exit status 2), not a traceback.
+USER_ERRORS = (ValueError, TypeError, FileNotFoundError)
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "bench",
+        help="benchmark every method against HF generate on the same prompts",
+        description="Measure tokens/s, speed-up over HF model.generate (greedy), tokens per "
+        "step, acceptance, time to first token and exactness of each method, in one process "
+        "on the same prompts. Writes results.json, results.md and PNG plots to --out.",
+    )
+    add_arguments(parser)
+    parser.set_defaults(func=run)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_model_arguments(parser)
+    parser.add_argument("--draft-model", help="draft model for 'draft' and 'hf_assisted'")
+    parser.add_argument(
+        "--dataset",
+        type=comma_list(),
+        default=("humaneval",),
+        help="comma-separated: humaneval, mtbench, gsm8k or .jsonl paths (default humaneval)",
+    )
+    parser.add_argument("--limit", type=positive_int, default=10, help="prompts per data set (10)")
+    parser.add_argument("--max-new-tokens", type=positive_int, default=256, help="(default 256)")
+    parser.add_argument(
+        "--methods",
+        type=comma_list(METHODS),
+        help=f"comma-separated subset of {','.join(METHODS)} (default: all that apply; "
+        "hf, the baseline, always runs)",
+    )
+    parser.add_argument(
+        "--baseline-dtypes",
+        type=dtype_list,
+        default=("float32", "bfloat16"),
+        help="also time HF greedy in these dtypes (default float32,bfloat16)",
+    )
+    add_shape_arguments(parser)
+    parser.add_argument(
+        "--prompt-lookup-tokens",
+        type=positive_int,
+        default=10,
+        help="draft tokens of prompt lookup, ours and HF's (default 10)",
+    )
+    parser.add_argument(
+        "--draft-tokens", type=positive_int, default=5, help="tokens per step of 'draft' (5)"
+    )
+    parser.add_argument("--out", default="bench-out", help="output folder (default bench-out)")
+    parser.add_argument("--no-warmup", action="store_true", help="skip the warm-up runs")
+    parser.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+
+
+def config_from_args(args: argparse.Namespace) -> BenchConfig:
+    """The ``BenchConfig`` the arguments ask for (``--shape auto`` read from the profile)."""
+    shape = shape_from_args(args)
+    options = MethodOptions(
+        lookahead=LookaheadConfig(**shape),
+        prompt_lookup=PromptLookupConfig(num_draft_tokens=args.prompt_lookup_tokens),
+        draft=DraftConfig(num_draft_tokens=args.draft_tokens),
+        hf_prompt_lookup_tokens=args.prompt_lookup_tokens,
+    )
+    return BenchConfig(
+        model=args.model,
+        draft_model=args.draft_model,
+        datasets=tuple(args.dataset),
+        limit=args.limit,
+        max_new_tokens=args.max_new_tokens,
+        methods=args.methods,
+        dtype=args.dtype,
+        baseline_dtypes=args.baseline_dtypes,
+        options=options,
+        warmup=not args.no_warmup,
+        cache_dir=args.cache_dir,
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    apply_threads(args.threads)
+    quiet_loading(args)
+    try:
+        config = config_from_args(args)
+        results = run_with_progress(config)
+    except USER_ERRORS as error:
+        logger.debug("lookahead bench failed", exc_info=True)  # -vv shows the traceback
+        print(f"lookahead bench: error: {error}", file=sys.stderr)
+        return 2
+    print(markdown_table(results))
+    paths = write_results(results, args.out, plots=not args.no_plots)
+    print("\nwrote " + ", ".join(str(p) for p in paths), file=sys.stderr)
+    return 0
+
+
+def run_with_progress(config: BenchConfig) -> dict:
+    """``run_benchmark`` with a rich progress bar on stderr."""
+    shape = config.options.lookahead
+    console = Console(stderr=True)
+    console.print(
+        f"[bold]{config.model}[/] {config.dtype}: {', '.join(config.run_methods)}; "
+        f"lookahead W={shape.window} N={shape.ngram} G={shape.guess}"
+    )
+    columns = (
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+    )
+    with Progress(*columns, console=console, transient=False) as progress:
+        task = progress.add_task("loading models", total=None)
+
+        def update(done: int, total: int, description: str) -> None:
+            progress.update(task, completed=done, total=total, description=description)
+
+        return run_benchmark(config, progress=update)

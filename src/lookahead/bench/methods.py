@@ -1,0 +1,167 @@
+"""How each benchmarked method generates one prompt, and what is measured about it.
+
+Hugging Face methods (the baselines)::
+
+    hf                model.generate greedy
+    hf_prompt_lookup  model.generate(prompt_lookup_num_tokens=10)
+    hf_assisted       model.generate(assistant_model=draft)
+
+Ours (``lookahead.generate``): ``autoregressive``, ``lookahead``, ``prompt_lookup``, ``draft``.
+
+Every method returns a ``Measurement``: the new tokens, wall time, time to first token and the
+number of target forward passes. For HF methods the steps and the first token's time come from
+a streamer: ``generate`` hands it the prompt once, then the tokens of each forward pass.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import time
+from dataclasses import dataclass, field
+
+import torch
+from transformers.generation.streamers import BaseStreamer
+
+import lookahead
+from lookahead.api import METHOD_OPTIONS
+from lookahead.config import DraftConfig, LookaheadConfig, PromptLookupConfig
+
+HF_METHODS = ("hf", "hf_prompt_lookup", "hf_assisted")
+OUR_METHODS = ("autoregressive", "lookahead", "prompt_lookup", "draft")
+METHODS = HF_METHODS + OUR_METHODS
+NEEDS_DRAFT = ("hf_assisted", "draft")
+# Greedy methods whose output should be token-for-token the baseline's.
+BASELINE = "hf"
+
+
+@dataclass
+class Measurement:
+    """One timed generation. ``stats`` is ``GenerationStats.as_dict()`` for our methods."""
+
+    tokens: list[int]
+    seconds: float
+    time_to_first_token: float
+    steps: int
+    stats: dict | None = None
+
+    @property
+    def new_tokens(self) -> int:
+        return len(self.tokens)
+
+
+@dataclass(frozen=True)
+class MethodOptions:
+    """Settings of the methods that take any (one object for the whole benchmark)."""
+
+    lookahead: LookaheadConfig = field(default_factory=LookaheadConfig)
+    prompt_lookup: PromptLookupConfig = field(default_factory=PromptLookupConfig)
+    draft: DraftConfig = field(default_factory=DraftConfig)
+    hf_prompt_lookup_tokens: int = 10
+
+
+class _StepClock(BaseStreamer):
+    """Counts ``generate``'s streamer calls and notes when the first new token arrived."""
+
+    def __init__(self, start: float) -> None:
+        self.start = start
+        self.calls = 0
+        self.first_token_at: float | None = None
+
+    def put(self, value) -> None:
+        self.calls += 1
+        if self.calls == 2:  # the first call hands over the prompt
+            self.first_token_at = time.perf_counter()
+
+    def end(self) -> None:
+        pass
+
+
+def measure(
+    method: str,
+    model,
+    input_ids: torch.Tensor,
+    max_new_tokens: int,
+    options: MethodOptions,
+    draft_model=None,
+    pad_token_id: int | None = None,
+) -> Measurement:
+    """Generate ``input_ids`` ([1, L]) greedily with ``method`` and time it."""
+    if method in HF_METHODS:
+        return _measure_hf(
+            method, model, input_ids, max_new_tokens, options, draft_model, pad_token_id
+        )
+    return _measure_ours(method, model, input_ids, max_new_tokens, options, draft_model)
+
+
+def _measure_ours(method, model, input_ids, max_new_tokens, options, draft_model) -> Measurement:
+    kwargs = _our_options(method, options)
+    if method == "draft":
+        kwargs["draft_model"] = draft_model
+    result = lookahead.generate(model, input_ids, max_new_tokens, method, **kwargs)
+    stats = result.stats
+    return Measurement(
+        tokens=result.new_tokens[0].tolist(),
+        seconds=stats.seconds,
+        time_to_first_token=stats.time_to_first_token,
+        steps=stats.steps,
+        stats=stats.as_dict(),
+    )
+
+
+def _our_options(method: str, options: MethodOptions) -> dict:
+    """Every field of the method's config that ``lookahead.generate`` takes for it."""
+    config = {
+        "lookahead": options.lookahead,
+        "prompt_lookup": options.prompt_lookup,
+        "draft": options.draft,
+    }.get(method)
+    if config is None:
+        return {}
+    fields = dataclasses.asdict(config)
+    return {name: fields[name] for name in METHOD_OPTIONS[method] if name in fields}
+
+
+def _measure_hf(
+    method, model, input_ids, max_new_tokens, options, draft_model, pad_token_id
+) -> Measurement:
+    kwargs: dict = dict(
+        max_new_tokens=max_new_tokens,
+        do_sample=False,
+        num_beams=1,
+        attention_mask=torch.ones_like(input_ids),
+        pad_token_id=pad_token_id,
+    )
+    if method == "hf_prompt_lookup":
+        kwargs["prompt_lookup_num_tokens"] = options.hf_prompt_lookup_tokens
+    elif method == "hf_assisted":
+        kwargs["assistant_model"] = draft_model
+    restore = _freeze_assistant(draft_model) if method == "hf_assisted" else None
+    start = time.perf_counter()
+    clock = _StepClock(start)
+    try:
+        with torch.inference_mode():
+            output = model.generate(input_ids, streamer=clock, **kwargs)
+    finally:
+        if restore is not None:
+            restore()
+    seconds = time.perf_counter() - start
+    first = clock.first_token_at if clock.first_token_at is not None else start + seconds
+    return Measurement(
+        tokens=output[0, input_ids.shape[1] :].tolist(),
+        seconds=seconds,
+        time_to_first_token=first - start,
+        steps=max(clock.calls - 1, 0),
+    )
+
+
+def _freeze_assistant(draft_model):
+    """HF adapts the assistant's ``num_assistant_tokens`` / confidence threshold and keeps them
+    in ``assistant_model.generation_config`` across calls, so each run would start where the
+    previous one ended. Restore the original after every run: every prompt starts equal."""
+    saved = copy.deepcopy(draft_model.generation_config)
+
+    def restore() -> None:
+        draft_model.generation_config = copy.deepcopy(saved)
+
+    return restore

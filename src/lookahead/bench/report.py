@@ -1,0 +1,189 @@
+"""Turning benchmark runs into figures: per data set and method, a Markdown table, JSON.
+
+The results dict (also written as ``results.json``)::
+
+    {
+      "config":  {...the BenchConfig, the methods run, the machine...},
+      "summary": {"humaneval": [row, ...], ..., "all": [...] (when several data sets)},
+      "runs":    [one record per (data set, prompt, method, dtype): tokens, seconds, stats...],
+    }
+
+A summary row describes one (method, dtype) on one data set:
+
+* ``tokens_per_second``: all new tokens / all seconds (prefill included, as a user waits it);
+* ``speedup``: over HF ``generate`` greedy in the same dtype (the baseline);
+* ``speedup_vs_best_baseline``: over the fastest HF greedy among the baseline dtypes;
+* ``tokens_per_step``: new tokens per target forward pass (the prefill counts as one);
+* ``mean_accepted``: proposed tokens accepted per step that proposed any (our proposers);
+* ``acceptance_per_position[k]``: the share of those steps that accepted more than k tokens;
+* ``mean_forward_tokens``: tokens fed per decoding forward pass (1.0 for plain decoding);
+* ``time_to_first_token``: mean seconds until the first new token;
+* ``identical``: prompts whose output equals the baseline's (same dtype), of ``prompts``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from pathlib import Path
+
+from lookahead.bench.methods import BASELINE
+
+ALL = "all"
+
+
+def summarise(config: dict, records: list[dict]) -> dict:
+    """Group ``records`` by data set (plus "all" for several) and (method, dtype)."""
+    datasets = list(dict.fromkeys(r["dataset"] for r in records))
+    groups = {name: [r for r in records if r["dataset"] == name] for name in datasets}
+    if len(datasets) > 1:
+        groups[ALL] = records
+    return dict(
+        config=config,
+        summary={name: _summarise_group(group) for name, group in groups.items()},
+        runs=records,
+    )
+
+
+def _summarise_group(records: list[dict]) -> list[dict]:
+    baseline = {
+        (r["dataset"], r["prompt"], r["dtype"]): r["tokens"]
+        for r in records
+        if r["method"] == BASELINE
+    }
+    keys = list(dict.fromkeys((r["method"], r["dtype"]) for r in records))
+    rows = []
+    for method, dtype in keys:
+        runs = [r for r in records if (r["method"], r["dtype"]) == (method, dtype)]
+        rows.append(_row(method, dtype, runs, baseline))
+    reference = {
+        row["dtype"]: row["tokens_per_second"] for row in rows if row["method"] == BASELINE
+    }
+    best = max(reference.values(), default=0.0)
+    best_dtype = max(reference, key=reference.get) if reference else None
+    for row in rows:
+        tps = row["tokens_per_second"]
+        base = reference.get(row["dtype"], 0.0)
+        row["speedup"] = tps / base if base else None
+        row["speedup_vs_best_baseline"] = tps / best if best else None
+        row["best_baseline_dtype"] = best_dtype
+    return rows
+
+
+def _row(method: str, dtype: str, runs: list[dict], baseline: dict) -> dict:
+    new = sum(r["new_tokens"] for r in runs)
+    seconds = sum(r["seconds"] for r in runs)
+    steps = sum(r["steps"] for r in runs)
+    row = dict(
+        method=method,
+        dtype=dtype,
+        prompts=len(runs),
+        new_tokens=new,
+        seconds=seconds,
+        steps=steps,
+        tokens_per_second=new / seconds if seconds > 0 else 0.0,
+        tokens_per_step=new / steps if steps else 0.0,
+        time_to_first_token=sum(r["time_to_first_token"] for r in runs) / len(runs),
+        identical=None,
+        mean_accepted=None,
+        acceptance_per_position=None,
+        mean_forward_tokens=1.0 if method == BASELINE else None,
+    )
+    if method != BASELINE:
+        row["identical"] = sum(
+            r["tokens"] == baseline.get((r["dataset"], r["prompt"], r["dtype"])) for r in runs
+        )
+    stats = [r["stats"] for r in runs if r.get("stats")]
+    if stats:
+        row.update(_proposer_figures(stats))
+    return row
+
+
+def _proposer_figures(stats: list[dict]) -> dict:
+    """Acceptance and forward-pass size pooled over runs (every step weighs the same)."""
+    accepted = [a for s in stats for a, p in _steps(s) if p > 0]
+    forward = [t for s in stats for t in s["forward_tokens_per_step"][1:]]  # prefill excluded
+    positions: list[int] = []
+    for s in stats:
+        for k, count in enumerate(s["accepted_per_position"]):
+            if k == len(positions):
+                positions.append(0)
+            positions[k] += count
+    proposing = len(accepted)
+    return dict(
+        mean_accepted=sum(accepted) / proposing if proposing else None,
+        acceptance_per_position=[c / proposing for c in positions] if proposing else None,
+        mean_forward_tokens=sum(forward) / len(forward) if forward else None,
+    )
+
+
+def _steps(stats: dict) -> Iterable[tuple[int, int]]:
+    return zip(stats["accepted_per_step"], stats["proposed_per_step"], strict=True)
+
+
+# ----------------------------------------------------------------------------- output
+
+
+def markdown_table(results: dict) -> str:
+    """One Markdown table per data set (and "all"), for the terminal or a report."""
+    config = results["config"]
+    lines = [
+        f"model {config['model']}"
+        + (f", draft {config['draft_model']}" if config.get("draft_model") else "")
+        + f", greedy, up to {config['max_new_tokens']} new tokens, "
+        f"{config['environment']['threads']} threads",
+    ]
+    for dataset, rows in results["summary"].items():
+        best = rows[0]["best_baseline_dtype"] if rows else None
+        lines += [
+            "",
+            f"### {dataset} ({rows[0]['prompts'] if rows else 0} prompts)",
+            "",
+            "| method | dtype | tok/s | speed-up | vs best plain"
+            + (f" (hf {best})" if best else "")
+            + " | tokens/step | accepted/step | accept@1,2,3,4 | fwd tokens | TTFT ms"
+            + " | identical |",
+            "|---|---|--:|--:|--:|--:|--:|---|--:|--:|--:|",
+        ]
+        lines += [_table_line(row) for row in rows]
+    return "\n".join(lines)
+
+
+def _table_line(row: dict) -> str:
+    cells = [
+        row["method"],
+        row["dtype"],
+        f"{row['tokens_per_second']:.1f}",
+        _times(row["speedup"]),
+        _times(row["speedup_vs_best_baseline"]),
+        f"{row['tokens_per_step']:.2f}",
+        _number(row["mean_accepted"]),
+        "/".join(f"{r:.2f}" for r in (row["acceptance_per_position"] or [])[:4]) or "-",
+        _number(row["mean_forward_tokens"], 1),
+        f"{1000 * row['time_to_first_token']:.0f}",
+        "baseline" if row["identical"] is None else f"{row['identical']}/{row['prompts']}",
+    ]
+    return "| " + " | ".join(cells) + " |"
+
+
+def _times(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}x"
+
+
+def _number(value: float | None, digits: int = 2) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def write_results(results: dict, out_dir: str | Path, plots: bool = True) -> list[Path]:
+    """Write ``results.json``, ``results.md`` and (with ``plots``) the PNGs; return the paths."""
+    out = Path(out_dir).expanduser()
+    out.mkdir(parents=True, exist_ok=True)
+    written = [out / "results.json", out / "results.md"]
+    written[0].write_text(json.dumps(results, indent=1) + "\n", encoding="utf-8")
+    written[1].write_text(markdown_table(results) + "\n", encoding="utf-8")
+    if plots:
+        from lookahead.bench.plots import plot_speedups, plot_tokens_per_step
+
+        written.append(plot_speedups(results, out / "speedups.png"))
+        written.append(plot_tokens_per_step(results, out / "tokens_per_step.png"))
+    return written

@@ -1,0 +1,299 @@
+"""Choose the lookahead shape (window, ngram, guess) that is fastest on this machine.
+
+Lookahead decoding trades spare compute for fewer steps: a step with more tokens costs a little
+more and accepts more. Which trade wins depends on the machine. The tuner:
+
+1. measures the *forward-cost curve*: the median latency of one forward pass with k new tokens
+   on top of a cached prompt, for k in ``tokens`` (1, 2, 4, ..., 128);
+2. runs a few lookahead shapes on a few sample prompts and records their tokens per step and
+   the tokens each step fed to the model;
+3. predicts each shape's decoding speed, ``tokens / sum(cost(forward tokens of each step))``,
+   from the curve (robust against a noisy machine: the acceptance, not the timing, comes from
+   the short sample runs), and picks the fastest;
+4. saves a profile ``<cache>/profiles/<model>-<dtype>-<device>.json`` and a PNG of the curve.
+
+``resolve_shape(model, dtype)`` then gives the saved best shape (or ``DEFAULT_SHAPE``). The
+library itself never reads profiles: ``--shape auto`` in the command line resolves it before
+decoding starts.
+
+Example::
+
+    profile = tune(TuneConfig(model="smollm2-135m", dtype="bfloat16"))
+    shape = resolve_shape("smollm2-135m", "bfloat16")   # {"window": 7, "ngram": 5, "guess": 7}
+    lookahead.generate(model, input_ids, method="lookahead", **shape)
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+import logging
+import re
+import statistics
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from types import MappingProxyType
+
+import torch
+import transformers
+
+import lookahead
+from lookahead.attention import attention_mask
+from lookahead.config import LookaheadConfig, check_int
+from lookahead.datasets import encode_prompt, load_prompts
+from lookahead.models import DEFAULT_MODEL, default_cache_dir, load_model, resolve_dtype
+
+logger = logging.getLogger(__name__)
+
+_DEFAULTS = LookaheadConfig()
+DEFAULT_SHAPE: Mapping[str, int] = MappingProxyType(
+    dict(window=_DEFAULTS.window, ngram=_DEFAULTS.ngram, guess=_DEFAULTS.guess)
+)
+DEFAULT_TOKENS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128)
+DEFAULT_SHAPES = ((5, 3, 5), (5, 4, 5), (7, 4, 7), (7, 5, 7), (10, 5, 10), (15, 5, 15))
+SELECT = ("predicted", "measured")
+PROFILE_VERSION = 1
+
+# Called with (done, total, description) as the tuner goes.
+Progress = Callable[[int, int, str], None]
+
+
+@dataclass(frozen=True)
+class TuneConfig:
+    """What to tune. ``shapes`` are (window, ngram, guess) triples; ``select`` picks the best
+    by the curve's prediction ("predicted") or by the sample runs' own timing ("measured")."""
+
+    model: str = DEFAULT_MODEL
+    dtype: str = "bfloat16"
+    tokens: tuple[int, ...] = DEFAULT_TOKENS
+    repeats: int = 5
+    shapes: tuple[tuple[int, int, int], ...] = DEFAULT_SHAPES
+    dataset: str = "humaneval"
+    limit: int = 3
+    max_new_tokens: int = 128
+    select: str = "predicted"
+    cache_dir: str | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "dtype", str(resolve_dtype(self.dtype)).removeprefix("torch."))
+        if not self.tokens:
+            raise ValueError("tokens must list at least one forward size")
+        for k in self.tokens:
+            check_int("tokens", k, 1, 4096)
+        object.__setattr__(self, "tokens", tuple(sorted(set(self.tokens))))
+        check_int("repeats", self.repeats, 1, 1000)
+        check_int("limit", self.limit, 1, 1 << 20)
+        check_int("max_new_tokens", self.max_new_tokens, 2, 1 << 20)
+        if not self.shapes:
+            raise ValueError("shapes must list at least one (window, ngram, guess)")
+        for shape in self.shapes:
+            if len(shape) != 3:
+                raise ValueError(f"a shape is (window, ngram, guess), got {shape!r}")
+            LookaheadConfig(*shape)
+        if self.select not in SELECT:
+            raise ValueError(f"select must be one of {', '.join(SELECT)}, got {self.select!r}")
+
+
+# ----------------------------------------------------------------------------- measuring
+
+
+@torch.inference_mode()
+def forward_cost_curve(model, input_ids: torch.Tensor, tokens, repeats: int = 5) -> dict:
+    """Median seconds of one forward pass with k new tokens after the cached ``input_ids``.
+
+    The k tokens attend causally through an explicit 4D mask, as a lookahead step's do (k = 1
+    goes without a mask, as a plain decoding step does); every row's logits are computed. The
+    sizes are interleaved within each repeat so that a slow spell hits all of them alike.
+
+    Returns ``dict(tokens=[k...], seconds=[median...], prompt_tokens=L)``.
+    """
+    from transformers import DynamicCache
+
+    cache = DynamicCache()
+    model(input_ids=input_ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
+    past = cache.get_seq_length()
+    prompt = input_ids[0]
+    timings: dict[int, list[float]] = {k: [] for k in tokens}
+    for repeat in range(repeats + 1):  # the first round warms up
+        for k in tokens:
+            ids = prompt[torch.arange(k) % len(prompt)].unsqueeze(0)
+            positions = torch.arange(past, past + k).unsqueeze(0)
+            mask = None
+            if k > 1:
+                visible = torch.tril(torch.ones(k, k, dtype=torch.bool))
+                mask = attention_mask(model.config, visible, past, positions, model.dtype)
+            start = time.perf_counter()
+            model(
+                input_ids=ids,
+                position_ids=positions,
+                attention_mask=mask,
+                past_key_values=cache,
+                use_cache=True,
+            )
+            elapsed = time.perf_counter() - start
+            cache.crop(-k)  # transformers 5 crops by a negative count only
+            if repeat:
+                timings[k].append(elapsed)
+    return dict(
+        tokens=list(tokens),
+        seconds=[statistics.median(timings[k]) for k in tokens],
+        prompt_tokens=past,
+    )
+
+
+def cost_at(curve: Mapping, k: float) -> float:
+    """Seconds of a forward with ``k`` new tokens: linear between measured sizes, extended
+    along the first or last segment outside them."""
+    ks, seconds = curve["tokens"], curve["seconds"]
+    if len(ks) == 1:
+        return seconds[0] * max(k, 1) / ks[0] if k > ks[0] else seconds[0]
+    i = min(max(bisect.bisect_left(ks, k), 1), len(ks) - 1)
+    k0, k1, s0, s1 = ks[i - 1], ks[i], seconds[i - 1], seconds[i]
+    return max(s0 + (s1 - s0) * (k - k0) / (k1 - k0), 0.0)
+
+
+def measure_shape(model, prompts: list[torch.Tensor], shape, max_new_tokens: int, curve) -> dict:
+    """Run lookahead with ``shape`` on ``prompts``; its acceptance, timing and predicted speed.
+
+    Decoding figures leave the prefill out: ``tokens_per_step`` is tokens after the first per
+    decoding step, ``predicted_tokens_per_second`` those tokens over the curve's cost of each
+    step's forward tokens.
+    """
+    window, ngram, guess = shape
+    new = steps = 0
+    seconds = decode_seconds = predicted_seconds = 0.0
+    forward: list[int] = []
+    for input_ids in prompts:
+        result = lookahead.generate(
+            model, input_ids, max_new_tokens, "lookahead", window=window, ngram=ngram, guess=guess
+        )
+        stats = result.stats
+        new += stats.new_tokens - 1
+        steps += stats.steps - 1
+        seconds += stats.seconds
+        decode_seconds += stats.seconds - stats.time_to_first_token
+        step_tokens = stats.forward_tokens_per_step[1:]
+        forward += step_tokens
+        predicted_seconds += sum(cost_at(curve, t) for t in step_tokens)
+    mean_forward = sum(forward) / len(forward) if forward else 1.0
+    return dict(
+        window=window,
+        ngram=ngram,
+        guess=guess,
+        tokens_per_step=new / steps if steps else 1.0,
+        mean_forward_tokens=mean_forward,
+        measured_tokens_per_second=new / decode_seconds if decode_seconds > 0 else 0.0,
+        predicted_tokens_per_second=new / predicted_seconds if predicted_seconds > 0 else 0.0,
+        measured_step_ms=1000 * decode_seconds / steps if steps else 0.0,
+        predicted_step_ms=1000 * predicted_seconds / steps if steps else 0.0,
+    )
+
+
+# ----------------------------------------------------------------------------- tuning
+
+
+def tune(config: TuneConfig, progress: Progress | None = None, save: bool = True) -> dict:
+    """Measure the curve and the shapes, choose the best, save the profile; return it."""
+    model, tokenizer = load_model(config.model, config.dtype, cache_dir=config.cache_dir)
+    prompts = [encode_prompt(tokenizer, p) for p in load_prompts(config.dataset, config.limit)]
+    total = 1 + len(config.shapes)
+    _report(progress, 0, total, "forward-cost curve")
+    curve = forward_cost_curve(model, prompts[0], config.tokens, config.repeats)
+    rows = []
+    for index, shape in enumerate(config.shapes, start=1):
+        _report(progress, index, total, "W={} N={} G={}".format(*shape))
+        lookahead.generate(
+            model,
+            prompts[0],
+            min(config.max_new_tokens, 32),
+            "lookahead",
+            window=shape[0],
+            ngram=shape[1],
+            guess=shape[2],
+        )  # warm-up
+        rows.append(measure_shape(model, prompts, shape, config.max_new_tokens, curve))
+    _report(progress, total, total, "done")
+    key = f"{config.select}_tokens_per_second"
+    best = max(rows, key=lambda row: row[key])
+    profile = dict(
+        version=PROFILE_VERSION,
+        model=config.model,
+        dtype=config.dtype,
+        device=model.device.type,
+        threads=torch.get_num_threads(),
+        created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        torch=torch.__version__,
+        transformers=transformers.__version__,
+        dataset=config.dataset,
+        prompts=len(prompts),
+        max_new_tokens=config.max_new_tokens,
+        select=config.select,
+        curve=curve,
+        autoregressive_predicted_tokens_per_second=1.0 / cost_at(curve, 1),
+        shapes=rows,
+        best=dict(window=best["window"], ngram=best["ngram"], guess=best["guess"]),
+    )
+    if save:
+        save_profile(profile, config.cache_dir)
+    return profile
+
+
+def _report(progress: Progress | None, done: int, total: int, description: str) -> None:
+    if progress is not None:
+        progress(done, total, description)
+
+
+# ----------------------------------------------------------------------------- profiles
+
+
+def profile_path(model_name: str, dtype, device: str = "cpu", cache_dir=None) -> Path:
+    """``<cache_dir>/profiles/<model>-<dtype>-<device>.json``; the model name made file-safe."""
+    root = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
+    dtype_name = str(resolve_dtype(dtype)).removeprefix("torch.")
+    safe = re.sub(r"[^A-Za-z0-9._-]+", "_", str(model_name)).strip("_.") or "model"
+    return root / "profiles" / f"{safe}-{dtype_name}-{device}.json"
+
+
+def save_profile(profile: dict, cache_dir=None) -> Path:
+    """Write the profile JSON (atomically) and a PNG of its curve beside it; return the JSON."""
+    from lookahead.bench.plots import plot_cost_curve
+
+    path = profile_path(profile["model"], profile["dtype"], profile["device"], cache_dir)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(profile, indent=1) + "\n", encoding="utf-8")
+    tmp.replace(path)
+    plot_cost_curve(profile, path.with_suffix(".png"))
+    logger.info("saved the tuning profile %s", path)
+    return path
+
+
+def load_profile(model_name: str, dtype, cache_dir=None, device: str = "cpu") -> dict | None:
+    """The saved profile of ``model_name`` in ``dtype`` on ``device``, or None.
+
+    A profile that cannot be read, or whose best shape is invalid, is ignored with a warning.
+    """
+    path = profile_path(model_name, dtype, device, cache_dir)
+    if not path.is_file():
+        return None
+    try:
+        profile = json.loads(path.read_text(encoding="utf-8"))
+        LookaheadConfig(**{k: profile["best"][k] for k in ("window", "ngram", "guess")})
+    except (OSError, ValueError, TypeError, KeyError) as error:
+        logger.warning("ignoring the unreadable tuning profile %s (%s)", path, error)
+        return None
+    return profile
+
+
+def resolve_shape(model_name: str, dtype, cache_dir=None) -> dict[str, int]:
+    """``dict(window=, ngram=, guess=)``: the tuned best for this model, dtype and CPU, else
+    ``DEFAULT_SHAPE``. Run ``lookahead tune --model NAME --dtype DTYPE`` to create a profile."""
+    profile = load_profile(model_name, dtype, cache_dir)
+    if profile is None:
+        logger.info("no tuning profile for %s (%s); using the default shape", model_name, dtype)
+        return dict(DEFAULT_SHAPE)
+    best = profile["best"]
+    return dict(window=best["window"], ngram=best["ngram"], guess=best["guess"])

@@ -1,0 +1,171 @@
+"""``lookahead tune``: measure this machine and save the best lookahead shape for a model.
+
+lookahead tune --model smollm2-135m --dtype bfloat16 --threads 2
+lookahead bench --shape auto ...          # then uses the saved shape
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from lookahead.bench.args import (
+    add_model_arguments,
+    apply_threads,
+    comma_list,
+    positive_int,
+    quiet_loading,
+    shape_arg,
+)
+from lookahead.bench.cli import USER_ERRORS
+from lookahead.bench.tune import (
+    DEFAULT_SHAPES,
+    DEFAULT_TOKENS,
+    SELECT,
+    TuneConfig,
+    profile_path,
+    tune,
+)
+
+logger = logging.getLogger(__name__)
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "tune",
+        help="measure this machine and save the fastest lookahead shape for a model",
+        description="Measure the forward-cost curve (latency of one forward pass with k new "
+        "tokens) and the acceptance of a few lookahead shapes on sample prompts; predict each "
+        "shape's tokens/s and save the best in a profile that --shape auto reads.",
+    )
+    add_model_arguments(parser)
+    parser.add_argument("--dataset", default="humaneval", help="sample prompts (humaneval)")
+    parser.add_argument("--limit", type=positive_int, default=3, help="sample prompts (3)")
+    parser.add_argument("--max-new-tokens", type=positive_int, default=128, help="(128)")
+    parser.add_argument(
+        "--tokens",
+        type=_int_list,
+        default=DEFAULT_TOKENS,
+        help="forward sizes k of the cost curve (default "
+        + ",".join(map(str, DEFAULT_TOKENS))
+        + ")",
+    )
+    parser.add_argument("--repeats", type=positive_int, default=5, help="timings per k (5)")
+    parser.add_argument(
+        "--shapes",
+        type=_shape_list,
+        default=DEFAULT_SHAPES,
+        help="WxNxG shapes to try (default "
+        + ",".join("x".join(map(str, s)) for s in DEFAULT_SHAPES)
+        + ")",
+    )
+    parser.add_argument(
+        "--select",
+        choices=SELECT,
+        default="predicted",
+        help="choose by the curve's prediction (default) or by the sample runs' timing",
+    )
+    parser.add_argument("--no-save", action="store_true", help="print, but save no profile")
+    parser.set_defaults(func=run)
+
+
+def _int_list(text: str) -> tuple[int, ...]:
+    return tuple(positive_int(item) for item in comma_list()(text))
+
+
+def _shape_list(text: str) -> tuple[tuple[int, int, int], ...]:
+    shapes = []
+    for item in comma_list()(text):
+        shape = shape_arg(item)
+        if shape == "auto":
+            raise argparse.ArgumentTypeError(
+                "--shapes lists WxNxG shapes; 'auto' is what tune makes"
+            )
+        shapes.append(shape)
+    return tuple(shapes)
+
+
+def run(args: argparse.Namespace) -> int:
+    apply_threads(args.threads)
+    quiet_loading(args)
+    console = Console(stderr=True)
+    try:
+        config = TuneConfig(
+            model=args.model,
+            dtype=args.dtype,
+            tokens=args.tokens,
+            repeats=args.repeats,
+            shapes=args.shapes,
+            dataset=args.dataset,
+            limit=args.limit,
+            max_new_tokens=args.max_new_tokens,
+            select=args.select,
+            cache_dir=args.cache_dir,
+        )
+        columns = (
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+        )
+        with Progress(*columns, console=console) as progress:
+            task = progress.add_task("loading", total=None)
+
+            def update(done: int, total: int, description: str) -> None:
+                progress.update(task, completed=done, total=total, description=description)
+
+            profile = tune(config, progress=update, save=not args.no_save)
+    except USER_ERRORS as error:
+        logger.debug("lookahead tune failed", exc_info=True)  # -vv shows the traceback
+        print(f"lookahead tune: error: {error}", file=sys.stderr)
+        return 2
+    print(profile_table(profile))
+    if not args.no_save:
+        path = profile_path(profile["model"], profile["dtype"], profile["device"], args.cache_dir)
+        print(f"\nsaved {path} and {path.with_suffix('.png')}", file=sys.stderr)
+    return 0
+
+
+def profile_table(profile: dict) -> str:
+    """The curve and the shapes as Markdown."""
+    curve = profile["curve"]
+    base = profile["autoregressive_predicted_tokens_per_second"]
+    lines = [
+        (
+            f"{profile['model']} {profile['dtype']} on {profile['device']}, "
+            f"{profile['threads']} threads"
+        ),
+        "",
+        f"forward cost (ms) with k new tokens on a cached {curve['prompt_tokens']}-token prompt:",
+        "",
+        "| k | " + " | ".join(map(str, curve["tokens"])) + " |",
+        "|---" * (1 + len(curve["tokens"])) + "|",
+        "| ms | " + " | ".join(f"{1000 * s:.1f}" for s in curve["seconds"]) + " |",
+        "",
+        (
+            "| W | N | G | tokens/step | fwd tokens | predicted tok/s | predicted speed-up "
+            "| measured tok/s | step ms predicted/measured |"
+        ),
+        "|--:|--:|--:|--:|--:|--:|--:|--:|--:|",
+    ]
+    for row in profile["shapes"]:
+        lines.append(
+            f"| {row['window']} | {row['ngram']} | {row['guess']} | {row['tokens_per_step']:.2f} "
+            f"| {row['mean_forward_tokens']:.1f} | {row['predicted_tokens_per_second']:.1f} "
+            f"| {row['predicted_tokens_per_second'] / base:.2f}x "
+            f"| {row['measured_tokens_per_second']:.1f} "
+            f"| {row['predicted_step_ms']:.1f} / {row['measured_step_ms']:.1f} |"
+        )
+    best = profile["best"]
+    lines += [
+        "",
+        (
+            f"autoregressive predicted: {base:.1f} tok/s; best ({profile['select']}): "
+            f"W={best['window']} N={best['ngram']} G={best['guess']}"
+        ),
+    ]
+    return "\n".join(lines)

@@ -1,0 +1,213 @@
+"""Tests of the benchmark harness and the shape tuner on a tiny random-weight model."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from tokenizers import Tokenizer, pre_tokenizers
+from tokenizers import models as tokenizer_models
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+from lookahead.bench.cli import config_from_args
+from lookahead.bench.methods import METHODS
+from lookahead.bench.report import markdown_table, summarise
+from lookahead.bench.runner import BenchConfig
+from lookahead.bench.tune import (
+    DEFAULT_SHAPE,
+    cost_at,
+    load_profile,
+    profile_path,
+    resolve_shape,
+)
+from lookahead.cli import build_parser, main
+
+# A small vocabulary makes a random model repeat itself, so proposers get accepted.
+WORDS = ["<unk>", "<s>", "</s>", "def", "f", "(", ")", ":", "return", "x", "+", "1", "a", "b"]
+PROMPTS = [
+    {"id": "p0", "prompt": "def f ( x ) : return x + 1 def f ( x ) :", "chat": False},
+    {"id": "p1", "prompt": "a b a b a b return a + b", "chat": False},
+    {"id": "p2", "prompt": "x + 1", "chat": False},
+]
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory) -> dict[str, Path]:
+    """A saved tiny Llama with a word-level tokenizer, a JSONL prompt file, a cache folder."""
+    root = tmp_path_factory.mktemp("bench")
+    config = LlamaConfig(
+        vocab_size=len(WORDS),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
+    torch.manual_seed(0)
+    LlamaForCausalLM(config).eval().save_pretrained(root / "model")
+    backend = Tokenizer(
+        tokenizer_models.WordLevel({w: i for i, w in enumerate(WORDS)}, unk_token="<unk>")
+    )
+    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    PreTrainedTokenizerFast(
+        tokenizer_object=backend, unk_token="<unk>", bos_token="<s>", eos_token="</s>"
+    ).save_pretrained(root / "model")
+    prompts = root / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps(p) + "\n" for p in PROMPTS))
+    return dict(model=root / "model", prompts=prompts, cache=root / "cache", out=root / "out")
+
+
+def _bench_argv(tiny, *extra: str) -> list[str]:
+    model = str(tiny["model"])
+    return [
+        "bench", "--model", model, "--draft-model", model, "--dataset", str(tiny["prompts"]),
+        "--limit", "2", "--max-new-tokens", "16", "--dtype", "float64",
+        "--baseline-dtypes", "float32,float64", "--cache-dir", str(tiny["cache"]), *extra,
+    ]  # fmt: skip
+
+
+def test_bench_runs_every_method_and_writes_results(tiny, capsys) -> None:
+    out = tiny["out"]
+    assert main(_bench_argv(tiny, "--out", str(out), "--shape", "3x3x3")) == 0
+    table = capsys.readouterr().out
+    assert "| lookahead | float64 |" in table and "| hf | float32 |" in table
+
+    results = json.loads((out / "results.json").read_text())
+    assert results["config"]["methods"] == list(METHODS)
+    assert results["config"]["options"]["lookahead"]["window"] == 3
+    rows = {(r["method"], r["dtype"]): r for r in results["summary"]["prompts"]}
+    assert set(rows) == {(m, "float64") for m in METHODS} | {("hf", "float32")}
+    for (method, dtype), row in rows.items():
+        assert row["prompts"] == 2
+        assert row["new_tokens"] > 0 and row["tokens_per_second"] > 0
+        assert row["steps"] >= 1 and row["time_to_first_token"] > 0
+        assert row["speedup"] == pytest.approx(
+            row["tokens_per_second"] / rows[("hf", dtype)]["tokens_per_second"]
+        )
+        fastest = max(rows[("hf", d)]["tokens_per_second"] for d in ("float32", "float64"))
+        assert row["speedup_vs_best_baseline"] == pytest.approx(row["tokens_per_second"] / fastest)
+        if method == "hf":
+            assert row["identical"] is None  # the baseline itself
+        else:
+            assert row["identical"] == 2, method  # greedy in float64: exact
+    for method in ("lookahead", "prompt_lookup", "draft"):
+        row = rows[(method, "float64")]
+        assert row["mean_accepted"] is not None and row["mean_forward_tokens"] > 1
+        assert all(0 <= rate <= 1 for rate in row["acceptance_per_position"])
+    assert rows[("autoregressive", "float64")]["tokens_per_step"] == 1.0
+    assert rows[("lookahead", "float64")]["tokens_per_step"] > 1.0
+
+    runs = results["runs"]
+    assert len(runs) == 2 * (len(METHODS) + 1)
+    assert {r["prompt"] for r in runs} == {"p0", "p1"}
+    for name in ("speedups.png", "tokens_per_step.png"):
+        assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert (out / "results.md").read_text().startswith("model ")
+
+
+def test_tune_writes_a_profile_that_shape_auto_reads(tiny, capsys) -> None:
+    cache, model = tiny["cache"], str(tiny["model"])
+    assert resolve_shape(model, "float64", cache_dir=cache) == dict(DEFAULT_SHAPE)
+    argv = [
+        "tune", "--model", model, "--dtype", "float64", "--dataset", str(tiny["prompts"]),
+        "--limit", "2", "--max-new-tokens", "12", "--tokens", "1,2,4,8", "--repeats", "2",
+        "--shapes", "2x2x2,3x3x3", "--cache-dir", str(cache),
+    ]  # fmt: skip
+    assert main(argv) == 0
+    assert "| W | N | G |" in capsys.readouterr().out
+
+    path = profile_path(model, "float64", cache_dir=cache)
+    assert path.name.endswith("-float64-cpu.json")
+    assert path.with_suffix(".png").read_bytes()[:4] == b"\x89PNG"
+    profile = load_profile(model, "fp64", cache_dir=cache)
+    assert profile is not None
+    assert profile["curve"]["tokens"] == [1, 2, 4, 8]
+    assert all(s > 0 for s in profile["curve"]["seconds"])
+    assert [(s["window"], s["ngram"], s["guess"]) for s in profile["shapes"]] == [
+        (2, 2, 2),
+        (3, 3, 3),
+    ]
+    best = max(profile["shapes"], key=lambda s: s["predicted_tokens_per_second"])
+    expected = dict(window=best["window"], ngram=best["ngram"], guess=best["guess"])
+    assert profile["best"] == expected
+    assert resolve_shape(model, "float64", cache_dir=cache) == expected
+
+    # --shape auto resolves through the profile; --guess overrides one part of it.
+    args = build_parser().parse_args(_bench_argv(tiny, "--shape", "auto", "--guess", "9"))
+    lookahead = config_from_args(args).options.lookahead
+    assert (lookahead.window, lookahead.ngram, lookahead.guess) == (
+        expected["window"], expected["ngram"], 9
+    )  # fmt: skip
+
+
+def test_a_broken_profile_falls_back_to_the_default(tmp_path: Path) -> None:
+    path = profile_path("some-model", "bfloat16", cache_dir=tmp_path)
+    path.parent.mkdir(parents=True)
+    path.write_text('{"best": {"window": 0, "ngram": 5, "guess": 7}}')
+    assert load_profile("some-model", "bf16", cache_dir=tmp_path) is None
+    assert resolve_shape("some-model", "bf16", cache_dir=tmp_path) == dict(DEFAULT_SHAPE)
+    assert profile_path("../a b/c", "fp32", cache_dir=tmp_path).parent == tmp_path / "profiles"
+
+
+def test_cost_curve_interpolates_and_extends() -> None:
+    curve = dict(tokens=[1, 4, 8], seconds=[0.010, 0.010, 0.018])
+    assert cost_at(curve, 1) == pytest.approx(0.010)
+    assert cost_at(curve, 6) == pytest.approx(0.014)
+    assert cost_at(curve, 16) == pytest.approx(0.034)  # along the last segment
+    assert cost_at(dict(tokens=[2], seconds=[0.02]), 4) == pytest.approx(0.04)
+
+
+def test_summary_counts_identical_outputs_per_dtype() -> None:
+    def record(method, dtype, tokens, seconds):
+        return dict(dataset="d", prompt="p", method=method, dtype=dtype, tokens=tokens,
+                    new_tokens=len(tokens), seconds=seconds, time_to_first_token=0.1,
+                    steps=len(tokens), stats=None)  # fmt: skip
+
+    records = [
+        record("hf", "bfloat16", [1, 2, 3, 4], 1.0),
+        record("hf", "float32", [1, 2, 3, 5], 0.5),
+        record("autoregressive", "bfloat16", [1, 2, 3, 5], 2.0),
+    ]
+    results = summarise(dict(model="m", max_new_tokens=4, environment=dict(threads=2)), records)
+    rows = results["summary"]["d"]
+    assert [r["identical"] for r in rows] == [None, None, 0]  # compared with hf in bfloat16
+    assert [r["speedup"] for r in rows] == [1.0, 1.0, 0.5]
+    assert [r["speedup_vs_best_baseline"] for r in rows] == [0.5, 1.0, 0.25]
+    assert "| autoregressive | bfloat16 | 2.0 | 0.50x | 0.25x |" in markdown_table(results)
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--methods", "hf,nope"], "unknown 'nope'"),
+        (["--shape", "7x5"], "WINDOWxNGRAMxGUESS"),
+        (["--shape", "0x5x7"], "window must be in"),
+        (["--baseline-dtypes", "int8"], "dtype"),
+        (["--limit", "0"], "positive integer"),
+        (["--methods", "hf,hf"], "twice"),
+    ],
+)
+def test_bad_bench_arguments_are_argparse_errors(tiny, capsys, extra, message) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(_bench_argv(tiny, *extra))
+    assert info.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_draft_methods_without_a_draft_model_are_refused(capsys) -> None:
+    assert main(["bench", "--methods", "hf,draft", "--limit", "1"]) == 2
+    assert "need a draft model" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        BenchConfig(max_new_tokens=0)
+    with pytest.raises(ValueError, match="dtype"):
+        BenchConfig(baseline_dtypes=("int8",))
+    # Without a draft model the draft methods are simply left out of "all that apply".
+    assert (
+        "draft" not in BenchConfig().run_methods
+        and "hf" in BenchConfig(methods=("lookahead",)).run_methods
+    )

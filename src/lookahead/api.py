@@ -168,6 +168,13 @@ def _check_inputs(model, input_ids, max_new_tokens) -> None:
         )
     if input_ids.shape[1] == 0:
         raise ValueError("input_ids must not be empty: the prompt needs at least one token")
+    vocab = _vocab_size(model)
+    low, high = int(input_ids.min()), int(input_ids.max())
+    if low < 0 or high >= vocab:
+        raise ValueError(
+            f"input_ids must hold token ids in [0, {vocab}) for this model's vocabulary, "
+            f"got ids from {low} to {high}"
+        )
     check_int("max_new_tokens", max_new_tokens, 1, 1 << 30)
     limit = getattr(model.config, "max_position_embeddings", None)
     if limit is not None and input_ids.shape[1] + max_new_tokens > limit:

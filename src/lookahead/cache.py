@@ -36,6 +36,7 @@ def keep_new(cache: DynamicCache, past_len: int, rows: list[int]) -> None:
     if rows != list(range(len(rows))):
         source = torch.tensor(rows, dtype=torch.long) + past_len
         for layer in cache.layers:
+            source = source.to(layer.keys.device)
             # Rows only move to lower indices, and the gather copies before the write.
             layer.keys[..., past_len : past_len + len(rows), :] = layer.keys[..., source, :]
             layer.values[..., past_len : past_len + len(rows), :] = layer.values[..., source, :]

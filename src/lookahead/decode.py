@@ -132,7 +132,7 @@ class Decoder:
     @torch.inference_mode()
     def _prefill(self) -> list[int]:
         """Run the prompt once (its KV stays cached for good) and choose the first token."""
-        ids = torch.tensor([self.prompt], dtype=torch.long)
+        ids = torch.tensor([self.prompt], dtype=torch.long, device=self.model.device)
         out = self.model(input_ids=ids, past_key_values=self.cache, use_cache=True, logits_to_keep=1)
         token = choose(out.logits[0, -1], self.sampling, self.generator)
         self.stats.record_step(forward_tokens=len(self.prompt), proposed=0, accepted=0)
@@ -202,7 +202,7 @@ class Decoder:
         """
         self.cache = new_cache()
         self._rope_cached_at = len(self.context)
-        ids = torch.tensor([self.context], dtype=torch.long)
+        ids = torch.tensor([self.context], dtype=torch.long, device=self.model.device)
         out = self.model(input_ids=ids, past_key_values=self.cache, use_cache=True, logits_to_keep=1)
         committed = self._commit([choose(out.logits[0, -1], self.sampling, self.generator)])
         self.stats.record_step(len(self.context), 0, 0)
@@ -211,14 +211,16 @@ class Decoder:
 
     def _forward(self, layout: StepLayout, past: int) -> torch.Tensor:
         """Logits [C + R, V] of the layout's logit rows (tree rows, then branch rows)."""
+        device = self.model.device
         mask, keep = None, 0
         if layout.visible is not None:
             config, dtype = self.model.config, self.model.dtype
             mask = attention_mask(config, layout.visible, past, layout.position_ids, dtype)
-            keep = layout.logit_rows
+            mask = _to(mask, device)
+            keep = layout.logit_rows.to(device)
         out = self.model(
-            input_ids=layout.input_ids,
-            position_ids=layout.position_ids,
+            input_ids=layout.input_ids.to(device),
+            position_ids=layout.position_ids.to(device),
             attention_mask=mask,
             past_key_values=self.cache,
             use_cache=True,
@@ -231,8 +233,11 @@ class Decoder:
             return verify_greedy(tree, logits)
         draft = None
         if proposal.draft_probs is not None:
-            draft = {n: proposal.draft_probs[c][o] for n, (c, o) in enumerate(tree.source) if n}
-        return verify_sampling(tree, warp(logits, self.sampling), self.generator, draft)
+            draft = {
+                n: proposal.draft_probs[c][o].cpu() for n, (c, o) in enumerate(tree.source) if n
+            }
+        # The request's generator lives on the CPU, so the draws happen there.
+        return verify_sampling(tree, warp(logits, self.sampling).cpu(), self.generator, draft)
 
     def _commit(self, tokens: list[int]) -> list[int]:
         """Append ``tokens`` up to the first EOS (kept) and the token limit; return them."""
@@ -248,3 +253,10 @@ class Decoder:
         if self.stats.new_tokens >= self.max_new_tokens:
             self.finished = True
         return kept
+
+
+def _to(mask, device):
+    """Move a mask, or a dict of masks per layer type, to ``device``."""
+    if isinstance(mask, dict):
+        return {kind: m.to(device) for kind, m in mask.items()}
+    return mask.to(device)

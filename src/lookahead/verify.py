@@ -129,4 +129,5 @@ def choose(logits: torch.Tensor, sampling: SamplingConfig, generator: torch.Gene
     """The next token from one row of logits [V]: argmax, or a draw from the warped distribution."""
     if not sampling.do_sample:
         return int(argmax(logits))
-    return int(torch.multinomial(warp(logits, sampling), 1, generator=generator))
+    # The generator lives on the CPU: draw there (a no-op move for CPU models).
+    return int(torch.multinomial(warp(logits, sampling).cpu(), 1, generator=generator))

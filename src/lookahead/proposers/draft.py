@@ -48,11 +48,11 @@ class DraftProposer:
         self._cached = len(context)
         tokens, probs = [], []
         for _ in range(length):
-            ids = torch.tensor([feed], dtype=torch.long)
+            ids = torch.tensor([feed], dtype=torch.long, device=self.model.device)
             logits = self.model(input_ids=ids, past_key_values=self.cache, use_cache=True,
                                 logits_to_keep=1).logits[0, -1]
             if self.sampling.do_sample:
-                q = warp(logits, self.sampling)
+                q = warp(logits, self.sampling).cpu()  # the generator is a CPU one
                 token = int(torch.multinomial(q, 1, generator=self.generator))
                 probs.append(q)
             else:

@@ -1,0 +1,90 @@
+"""Shared fixtures: tiny random-weight causal LMs built from configs (no download), in float64.
+
+``tiny_lm(family, seed=..., attn=..., **config_overrides)`` builds (and caches for the session)
+a 2-layer model of one of the families in ``FAMILIES``. Its special-token ids are all None and
+its generation config has no EOS, so a test sets ``model.generation_config.eos_token_id``
+itself when it wants one.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import transformers
+
+# family -> (model class name, config class name, config fields that family needs)
+FAMILIES = {
+    "llama": ("LlamaForCausalLM", "LlamaConfig", {}),
+    "qwen2": ("Qwen2ForCausalLM", "Qwen2Config", {}),
+    "mistral": ("MistralForCausalLM", "MistralConfig", {}),
+    "gemma2": ("Gemma2ForCausalLM", "Gemma2Config", {"head_dim": 8}),
+    "gemma3": (
+        "Gemma3ForCausalLM",
+        "Gemma3TextConfig",
+        {"head_dim": 8, "layer_types": ["sliding_attention", "full_attention"]},
+    ),
+    "phi3": ("Phi3ForCausalLM", "Phi3Config", {}),
+}
+
+
+def build_tiny_lm(family: str, seed: int = 0, attn: str = "sdpa", **overrides):
+    """A fresh tiny model of ``family`` with weights drawn from ``torch.manual_seed(seed)``."""
+    model_name, config_name, extra = FAMILIES[family]
+    fields = {
+        "vocab_size": 64,
+        "hidden_size": 32,
+        "intermediate_size": 64,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "max_position_embeddings": 256,
+        "pad_token_id": None,
+        "bos_token_id": None,
+        "eos_token_id": None,
+        "tie_word_embeddings": False,
+    }
+    fields.update(extra)
+    fields.update(overrides)
+    config = getattr(transformers, config_name)(**fields)
+    config._attn_implementation = attn
+    torch.manual_seed(seed)
+    model = getattr(transformers, model_name)(config).to(torch.float64).eval()
+    generation = model.generation_config
+    generation.eos_token_id = None
+    generation.pad_token_id = None
+    generation.bos_token_id = None
+    generation.do_sample = False
+    return model
+
+
+@pytest.fixture(scope="session")
+def tiny_lm():
+    """Factory fixture: ``tiny_lm(family, seed=0, attn="sdpa", **overrides)``, cached per session.
+
+    Tests that change ``generation_config`` must restore it (or build with ``build_tiny_lm``).
+    """
+    cache = {}
+
+    def make(family: str, seed: int = 0, attn: str = "sdpa", **overrides):
+        key = (family, seed, attn, tuple(sorted(overrides.items(), key=lambda kv: kv[0])))
+        key = repr(key)
+        if key not in cache:
+            cache[key] = build_tiny_lm(family, seed, attn, **overrides)
+        return cache[key]
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def fresh_lm():
+    """Factory fixture: ``build_tiny_lm`` uncached, for tests that change the model."""
+    return build_tiny_lm
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """Tiny models run fastest (and disturb neighbours least) on one intra-op thread."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

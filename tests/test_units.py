@@ -1,0 +1,596 @@
+"""Unit tests of the pure parts, on hand-written arrays.
+
+TokenTree, the step layout and its masks, the lookahead window's visibility, the n-gram pool,
+prompt-lookup matching, the cache's keep operation, the greedy and sampling accept rules, the
+decoder's commit (EOS inside a proposal, token limit inside a proposal), the budget trim and
+the statistics.
+"""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from transformers import DynamicCache
+
+import lookahead
+from lookahead.attention import Branch, TokenTree, attention_mask, layout_step
+from lookahead.cache import cache_length, keep_new
+from lookahead.config import SamplingConfig
+from lookahead.decode import Decoder, fit_budget
+from lookahead.proposers.base import NoProposer, Proposal
+from lookahead.proposers.lookahead import NGramPool, window_visibility
+from lookahead.proposers.prompt_lookup import find_continuation
+from lookahead.stats import GenerationStats
+from lookahead.verify import verify_greedy, verify_sampling
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+# --- TokenTree -----------------------------------------------------------------------------
+
+
+def test_token_tree_shares_prefixes():
+    tree = TokenTree(9, [[5, 6, 7], [5, 8]])
+    assert tree.tokens == [9, 5, 6, 7, 8]
+    assert tree.parents == [-1, 0, 1, 2, 1]
+    assert tree.depths == [0, 1, 2, 3, 2]
+    assert tree.children == [{5: 1}, {6: 2, 8: 4}, {7: 3}, {}, {}]
+    assert tree.source == [(-1, -1), (0, 0), (0, 1), (0, 2), (1, 1)]
+    assert len(tree) == 5 and not tree.is_chain()
+    expected = np.array(
+        [
+            [1, 0, 0, 0, 0],
+            [1, 1, 0, 0, 0],
+            [1, 1, 1, 0, 0],
+            [1, 1, 1, 1, 0],
+            [1, 1, 0, 0, 1],
+        ],
+        dtype=bool,
+    )
+    assert np.array_equal(tree.ancestors(), expected)
+
+
+def test_token_tree_duplicates_and_prefixes_add_no_nodes():
+    tree = TokenTree(0, [[1, 2], [1, 2], [1], [1, 2, 3]])
+    assert tree.tokens == [0, 1, 2, 3]
+    assert tree.parents == [-1, 0, 1, 2]
+    assert tree.is_chain()
+    assert tree.source[3] == (3, 2)  # the first candidate that created the node
+    assert len(TokenTree(4)) == 1 and TokenTree(4).is_chain()
+
+
+@settings(max_examples=60, deadline=None, database=None)
+@given(st.lists(st.lists(st.integers(0, 4), min_size=1, max_size=5), max_size=6))
+def test_token_tree_properties(candidates):
+    tree = TokenTree(99, candidates)
+    prefixes = {tuple(c[:k]) for c in candidates for k in range(1, len(c) + 1)}
+    assert len(tree) == 1 + len(prefixes)
+    anc = tree.ancestors()
+    for node in range(len(tree)):
+        # Walking up the parents gives the node's root path; ancestors() marks exactly it.
+        path, cur = [], node
+        while cur != -1:
+            path.append(cur)
+            cur = tree.parents[cur]
+        assert set(np.flatnonzero(anc[node])) == set(path)
+        assert tree.depths[node] == len(path) - 1
+    for index, cand in enumerate(candidates):
+        node = 0
+        for offset, token in enumerate(cand):  # every candidate is a root path
+            node = tree.children[node][token]
+            assert tree.tokens[node] == token
+            ci, co = tree.source[node]
+            assert ci <= index and candidates[ci][: co + 1] == cand[: offset + 1]
+
+
+# --- layout_step and attention_mask ----------------------------------------------------------
+
+
+def step_rows(layout, tree: TokenTree) -> tuple[list[int], list[int]]:
+    """(row of each tree node, row of each branch token) in the step's input.
+
+    The order of the two groups inside the step is the layout's choice; x0 is tree node 0.
+    """
+    if hasattr(layout, "tree_rows"):
+        tree_rows = layout.tree_rows.tolist()
+    else:  # the tree first, node i at row i
+        tree_rows = list(range(layout.tree_size))
+    taken = set(tree_rows)
+    branch_rows = [r for r in range(layout.input_ids.shape[1]) if r not in taken]
+    return tree_rows, branch_rows
+
+
+def test_layout_chain_without_branch_lets_the_model_mask():
+    tree = TokenTree(3, [[4, 5]])
+    layout = layout_step(tree, None, position=10)
+    assert layout.visible is None
+    assert layout.input_ids.tolist() == [[3, 4, 5]]
+    assert layout.position_ids.tolist() == [[10, 11, 12]]
+    assert step_rows(layout, tree) == ([0, 1, 2], [])
+    assert layout.logit_rows.tolist() == [0, 1, 2]
+
+
+def test_layout_tree_without_branch():
+    tree = TokenTree(9, [[5, 6, 7], [5, 8]])
+    layout = layout_step(tree, None, position=10)
+    rows, branch_rows = step_rows(layout, tree)
+    assert branch_rows == [] and sorted(rows) == [0, 1, 2, 3, 4] and rows[0] == 0
+    assert [layout.input_ids[0, r].item() for r in rows] == [9, 5, 6, 7, 8]
+    assert [layout.position_ids[0, r].item() for r in rows] == [10, 11, 12, 13, 12]
+    assert layout.logit_rows.tolist() == rows
+    visible = layout.visible[rows][:, rows]  # in node order
+    assert visible.tolist() == tree.ancestors().tolist()
+
+
+def test_layout_with_branch():
+    branch = Branch(
+        tokens=torch.tensor([20, 21, 22]),
+        depths=torch.tensor([1, 2, 2]),
+        visible=torch.tensor([[1, 0, 0], [1, 1, 0], [0, 0, 1]], dtype=torch.bool),
+        logit_rows=torch.tensor([1, 2]),
+    )
+    tree = TokenTree(9, [[5, 6], [7]])  # nodes: x0, 5, 6, 7
+    layout = layout_step(tree, branch, position=4)
+    rows, branch_rows = step_rows(layout, tree)
+    assert len(rows) == 4 and len(branch_rows) == 3 and rows[0] == 0
+    order = rows + branch_rows  # x0, 5, 6, 7, 20, 21, 22
+    assert [layout.input_ids[0, r].item() for r in order] == [9, 5, 6, 7, 20, 21, 22]
+    assert [layout.position_ids[0, r].item() for r in order] == [4, 5, 6, 5, 5, 6, 6]
+    # Logits: every tree node, then the branch tokens it asked for (21 and 22).
+    assert layout.logit_rows.tolist() == rows + [branch_rows[1], branch_rows[2]]
+    expected = [
+        # x0  5  6  7 20 21 22
+        [1, 0, 0, 0, 0, 0, 0],  # x0
+        [1, 1, 0, 0, 0, 0, 0],  # 5
+        [1, 1, 1, 0, 0, 0, 0],  # 6
+        [1, 0, 0, 1, 0, 0, 0],  # 7
+        [1, 0, 0, 0, 1, 0, 0],  # 20
+        [1, 0, 0, 0, 1, 1, 0],  # 21
+        [1, 0, 0, 0, 0, 0, 1],  # 22
+    ]
+    assert layout.visible[order][:, order].int().tolist() == expected
+
+
+def test_attention_mask_full_and_sliding():
+    visible = torch.tensor([[1, 0, 0], [1, 1, 0], [1, 0, 1]], dtype=torch.bool)
+    positions = torch.tensor([[5, 6, 6]])
+    low = torch.finfo(torch.float64).min
+    mask = attention_mask(SimpleNamespace(), visible, 5, positions, torch.float64)
+    assert mask.shape == (1, 1, 3, 8) and mask.dtype == torch.float64
+    allowed = torch.zeros(3, 8, dtype=torch.bool)
+    allowed[:, :5] = True
+    allowed[:, 5:] = visible
+    assert torch.equal(mask[0, 0] == 0, allowed)
+    assert torch.all(mask[0, 0][~allowed] == low)
+    # A window of 3 positions: position 6 sees keys at 4, 5, 6 only; position 5 sees 3, 4, 5.
+    windowed = attention_mask(
+        SimpleNamespace(sliding_window=3), visible, 5, positions, torch.float64
+    )
+    expected = allowed.clone()
+    expected[0, :3] = False
+    expected[1:, :4] = False
+    assert torch.equal(windowed[0, 0] == 0, expected)
+    # Models that name their layer types get one mask per type.
+    both = attention_mask(
+        SimpleNamespace(sliding_window=3, layer_types=["sliding_attention", "full_attention"]),
+        visible,
+        5,
+        positions,
+        torch.float64,
+    )
+    assert set(both) == {"full_attention", "sliding_attention"}
+    assert torch.equal(both["full_attention"], mask)
+    assert torch.equal(both["sliding_attention"], windowed)
+    only_full = attention_mask(
+        SimpleNamespace(sliding_window=3, layer_types=["full_attention"]),
+        visible,
+        5,
+        positions,
+        torch.float64,
+    )
+    assert torch.equal(only_full, mask)
+
+
+# --- the lookahead window ------------------------------------------------------------------
+
+
+def test_window_visibility_follows_the_rule():
+    levels, window = 3, 4
+    vis = window_visibility(levels, window)
+    assert vis.shape == (12, 12) and vis.dtype == torch.bool
+    for row in range(12):
+        level, col = divmod(row, window)
+        for key in range(12):
+            k_level, k_col = divmod(key, window)
+            # Module docstring: level 0 is causal along its columns; level l >= 1, column j
+            # sees level 0 up to column j and levels 1..l of column j.
+            rule = (k_level == 0 and k_col <= col) or (1 <= k_level <= level and k_col == col)
+            assert bool(vis[row, key]) == rule, (level, col, k_level, k_col)
+    # Hand-picked cells: (2, 1) sees (0, 0), (0, 1), (1, 1), (2, 1), nothing else.
+    row = 2 * window + 1
+    assert sorted(torch.nonzero(vis[row]).flatten().tolist()) == [0, 1, window + 1, 2 * window + 1]
+
+
+@pytest.mark.parametrize("levels, window", [(1, 1), (1, 5), (2, 3), (3, 4), (4, 2)])
+def test_window_token_sees_one_token_per_earlier_position(levels, window):
+    """Depth of (l, j) is l + j + 1; it must see exactly one token at each depth 1..l+j+1."""
+    vis = window_visibility(levels, window)
+    depth = [level + col + 1 for level in range(levels) for col in range(window)]
+    for row in range(levels * window):
+        seen = sorted(depth[k] for k in torch.nonzero(vis[row]).flatten().tolist())
+        assert seen == list(range(1, depth[row] + 1))
+
+
+# --- the n-gram pool -----------------------------------------------------------------------
+
+
+def test_ngram_pool_docstring_example():
+    pool = NGramPool(3, capacity=7)
+    pool.add_all([1, 2, 3, 1, 2, 4])
+    assert pool.get(1) == [[2, 4], [2, 3]]
+    assert pool.get(2) == [[3, 1]]
+    assert pool.get(3) == [[1, 2]]
+    assert pool.get(4) == []
+    assert len(pool) == 4
+
+
+def test_ngram_pool_lru_and_capacity_per_key():
+    pool = NGramPool(3, capacity=2)
+    pool.add([1, 2, 3])
+    pool.add([1, 4, 5])
+    pool.add([1, 2, 3])  # refreshed: now the most recent
+    pool.add([1, 6, 7])  # evicts the least recent, [4, 5]
+    assert pool.get(1) == [[6, 7], [2, 3]]
+    pool.add([8, 9, 9])  # other keys have their own capacity
+    pool.add([8, 9, 8])
+    assert pool.get(8) == [[9, 8], [9, 9]]
+    assert pool.get(1) == [[6, 7], [2, 3]]
+    assert len(pool) == 4
+
+
+def test_ngram_pool_add_all_from_start():
+    pool = NGramPool(3, capacity=5)
+    pool.add_all([1, 2, 3, 4, 5], start=2)
+    assert pool.get(1) == [] and pool.get(2) == []
+    assert pool.get(3) == [[4, 5]]
+    pool.add_all([7, 8, 9], start=-4)  # a negative start means from the beginning
+    assert pool.get(7) == [[8, 9]]
+    pool.add_all([6, 6, 6, 6], start=3)  # no n-gram starts at 3 or later
+    assert pool.get(6) == []
+    pool.add_all([5, 5])  # shorter than n
+    assert pool.get(5) == []
+
+
+# --- prompt-lookup matching ----------------------------------------------------------------
+
+
+def test_find_continuation_examples():
+    assert find_continuation([1, 2, 3, 4, 9, 2, 3], 2, 1, 2) == [4, 9]  # the docstring's
+    # The latest earlier occurrence wins, never the suffix itself.
+    assert find_continuation([1, 2, 7, 1, 2, 8, 1, 2], 2, 1, 2) == [8, 1]
+    # Longest n first: "1 2" occurred followed by 9; "2" alone last occurred followed by 7.
+    assert find_continuation([1, 2, 9, 4, 2, 7, 1, 2], 2, 1, 3) == [9, 4, 2]
+    assert find_continuation([1, 2, 9, 4, 2, 7, 1, 2], 1, 1, 3) == [7, 1, 2]
+    # min_ngram bounds the fallback.
+    assert find_continuation([5, 2, 9, 4, 2], 3, 2, 3) == []
+    assert find_continuation([5, 2, 9, 4, 2], 3, 1, 3) == [9, 4, 2]
+    # No earlier occurrence at all; the suffix never matches itself.
+    assert find_continuation([1, 2, 3], 3, 1, 4) == []
+    assert find_continuation([7], 2, 1, 4) == []
+    # The continuation may be shorter than asked, at the end of the text.
+    assert find_continuation([1, 2, 1], 1, 1, 5) == [2, 1]
+
+
+def brute_force_continuation(tokens, max_ngram, min_ngram, length):
+    for n in range(max_ngram, min_ngram - 1, -1):
+        if len(tokens) <= n:
+            continue
+        suffix = tokens[-n:]
+        for i in range(len(tokens) - n - 1, -1, -1):
+            if tokens[i : i + n] == suffix:
+                return tokens[i + n : i + n + length]
+    return []
+
+
+@settings(max_examples=200, deadline=None, database=None)
+@given(
+    st.lists(st.integers(0, 3), min_size=1, max_size=30),
+    st.integers(1, 4),
+    st.integers(1, 4),
+    st.integers(1, 6),
+)
+def test_find_continuation_follows_an_earlier_occurrence(tokens, a, b, length):
+    max_ngram, min_ngram = max(a, b), min(a, b)
+    result = find_continuation(tokens, max_ngram, min_ngram, length)
+    assert isinstance(result, list) and len(result) <= length
+    if result:
+        # Some n-gram suffix occurred earlier (not as the suffix itself) followed by result.
+        assert any(
+            tokens[i : i + n] == tokens[-n:]
+            and tokens[i + n : i + n + len(result)] == result
+            and i + n < len(tokens)
+            for n in range(min_ngram, max_ngram + 1)
+            if n < len(tokens)
+            for i in range(len(tokens) - n)
+        )
+        assert len(result) == length or result[-1:] == tokens[-1:]
+    else:
+        assert not any(
+            tokens[i : i + n] == tokens[-n:]
+            for n in range(min_ngram, max_ngram + 1)
+            if n < len(tokens)
+            for i in range(len(tokens) - n)
+        )
+    assert result == brute_force_continuation(tokens, max_ngram, min_ngram, length)
+
+
+# --- keep_new on a DynamicCache ------------------------------------------------------------
+
+
+def filled_cache(past: int, step: int, layers: int = 2) -> tuple[DynamicCache, list]:
+    """A cache with ``past + step`` positions per layer; entry values encode (layer, pos)."""
+    cache = DynamicCache()
+    tensors = []
+    for layer in range(layers):
+        pos = torch.arange(past + step, dtype=torch.float64)
+        keys = (1000 * layer + pos).reshape(1, 1, -1, 1).expand(1, 2, -1, 3).clone()
+        values = -keys
+        cache.update(keys[..., :past, :], values[..., :past, :], layer)
+        cache.update(keys[..., past:, :], values[..., past:, :], layer)
+        tensors.append((keys, values))
+    return cache, tensors
+
+
+@pytest.mark.parametrize(
+    "rows",
+    [[0, 3, 4], [0, 1, 2], [0], [], [0, 1, 2, 3, 4, 5], [0, 2], [1, 5]],
+)
+def test_keep_new_keeps_prefix_and_chosen_rows(rows):
+    past, step = 10, 6
+    cache, tensors = filled_cache(past, step)
+    keep_new(cache, past, rows)
+    assert cache_length(cache) == past + len(rows)
+    index = list(range(past)) + [past + r for r in rows]
+    for layer, (keys, values) in enumerate(tensors):
+        assert torch.equal(cache.layers[layer].keys, keys[..., index, :])
+        assert torch.equal(cache.layers[layer].values, values[..., index, :])
+
+
+def test_keep_new_then_the_cache_grows_again():
+    cache, tensors = filled_cache(4, 3)
+    keep_new(cache, 4, [0, 2])
+    extra = torch.full((1, 2, 1, 3), 7.0, dtype=torch.float64)
+    for layer in range(2):
+        cache.update(extra, -extra, layer)
+    assert cache_length(cache) == 7
+    assert torch.equal(cache.layers[1].keys[..., 5, :], tensors[1][0][..., 6, :])
+    assert torch.equal(cache.layers[0].keys[..., -1:, :], extra)
+
+
+# --- the accept rules ----------------------------------------------------------------------
+
+
+def one_hot_logits(best: list[int], vocab: int = 10) -> torch.Tensor:
+    logits = torch.zeros(len(best), vocab)
+    logits[torch.arange(len(best)), torch.tensor(best)] = 5.0
+    return logits
+
+
+def test_verify_greedy_follows_the_argmax_path():
+    tree = TokenTree(9, [[5, 6, 7], [5, 8]])  # nodes x0, 5, 6, 7, 8
+    verdict = verify_greedy(tree, one_hot_logits([5, 8, 0, 0, 3]))
+    assert verdict.nodes == [1, 4] and verdict.tokens == [5, 8, 3]
+    verdict = verify_greedy(tree, one_hot_logits([5, 6, 7, 2, 0]))  # the whole chain + bonus
+    assert verdict.nodes == [1, 2, 3] and verdict.tokens == [5, 6, 7, 2]
+    verdict = verify_greedy(tree, one_hot_logits([4, 6, 7, 2, 0]))  # root miss: bonus only
+    assert verdict.nodes == [] and verdict.tokens == [4]
+    verdict = verify_greedy(TokenTree(9), one_hot_logits([1]))
+    assert verdict.nodes == [] and verdict.tokens == [1]
+
+
+def test_verify_sampling_certain_cases():
+    tree = TokenTree(9, [[5, 6], [7]])  # nodes x0, 5, 6, 7
+    generator = torch.Generator().manual_seed(0)
+    sure = torch.zeros(4, 10)
+    sure[0, 5] = sure[1, 6] = sure[2, 1] = sure[3, 3] = 1.0
+    for _ in range(20):  # p is a point mass on the proposal: always accepted
+        assert verify_sampling(tree, sure, generator).tokens == [5, 6, 1]
+    never = torch.full((4, 10), 1 / 8)
+    never[:, 5] = never[:, 7] = 0.0
+    for _ in range(50):  # p is zero on both children: always rejected, never recovered as them
+        verdict = verify_sampling(tree, never, generator)
+        assert verdict.nodes == [] and verdict.tokens[0] not in (5, 7)
+    p = torch.softmax(torch.randn(4, 10, generator=generator), dim=-1)
+    draft = {1: p[0].clone(), 2: p[1].clone()}  # q == p: min(1, p/q) = 1, always accepted
+    chain = TokenTree(9, [[5, 6]])
+    for _ in range(20):
+        assert verify_sampling(chain, p[:3], generator, draft).nodes == [1, 2]
+
+
+# --- the decoder's commit ------------------------------------------------------------------
+
+
+def bare_decoder(max_new_tokens: int, eos=(9,)) -> Decoder:
+    """A decoder whose model is never called (``_commit`` needs none); its config is empty."""
+    return Decoder(
+        SimpleNamespace(config=SimpleNamespace()),
+        torch.tensor([[1, 2, 3]]),
+        NoProposer(),
+        max_new_tokens=max_new_tokens,
+        sampling=SamplingConfig(),
+        eos_token_ids=list(eos),
+    )
+
+
+def test_commit_stops_after_eos_inside_the_tokens():
+    decoder = bare_decoder(10)
+    assert decoder._commit([4, 5]) == [4, 5] and not decoder.finished
+    assert decoder._commit([6, 9, 7, 8]) == [6, 9]
+    assert decoder.finished
+    assert decoder.context == [1, 2, 3, 4, 5, 6, 9]
+    assert decoder.new_tokens == [4, 5, 6, 9] and decoder.stats.new_tokens == 4
+
+
+def test_commit_stops_at_the_token_limit_inside_the_tokens():
+    decoder = bare_decoder(5)
+    decoder._commit([4, 5])
+    assert decoder._commit([6, 7, 8, 10]) == [6, 7, 8]
+    assert decoder.finished and decoder.stats.new_tokens == 5
+    decoder = bare_decoder(3, eos=(8,))
+    decoder._commit([4, 5])
+    assert decoder._commit([8, 9]) == [8]  # EOS and limit on the same token
+    assert decoder.finished and decoder.new_tokens == [4, 5, 8]
+
+
+class OracleProposer:
+    """Always proposes the next ``length`` tokens of a known continuation (always right)."""
+
+    def __init__(self, future: list[int], prompt_len: int, length: int = 6) -> None:
+        self.future, self.prompt_len, self.length = future, prompt_len, length
+
+    def start(self, prompt):
+        pass
+
+    def propose(self, context, max_tokens):
+        done = len(context) - self.prompt_len
+        return Proposal([self.future[done : done + min(self.length, max_tokens)]])
+
+    def update(self, context, outcome):
+        pass
+
+
+def test_decoder_eos_inside_an_always_right_proposal(tiny_lm):
+    """With an oracle proposer every step accepts its whole proposal; an EOS in the middle of
+    it must end the text there, as model.generate does."""
+    model = tiny_lm("llama", seed=0)
+    ids = torch.tensor([[3, 1, 4, 1, 5, 9, 2, 6]])
+    with torch.no_grad():
+        full = model.generate(ids, do_sample=False, max_new_tokens=20)[0, 8:].tolist()
+    # The EOS: a token first generated at position 3..6, inside the second step's proposal
+    # full[1:7] (the prefill commits full[0]), followed by accepted tokens and the bonus.
+    first = {}
+    for pos, tok in enumerate(full):
+        first.setdefault(tok, pos)
+    eos, cut = min(((p, t) for t, p in first.items() if 3 <= p <= 6), default=(None, None))[::-1]
+    assert eos is not None
+    decoder = Decoder(
+        model,
+        ids,
+        OracleProposer(full, 8),
+        max_new_tokens=20,
+        sampling=SamplingConfig(),
+        eos_token_ids=[eos],
+    )
+    steps = list(decoder)
+    assert decoder.new_tokens == full[: cut + 1]
+    assert steps[0] == full[:1] and len(steps) == 2  # prefill, then one step up to the EOS
+    assert decoder.finished
+
+
+@pytest.mark.parametrize("limit", [1, 2, 3, 4, 7, 9])
+def test_decoder_token_limit_inside_an_always_right_proposal(tiny_lm, limit):
+    model = tiny_lm("llama", seed=0)
+    ids = torch.tensor([[3, 1, 4, 1, 5, 9, 2, 6]])
+    with torch.no_grad():
+        full = model.generate(ids, do_sample=False, max_new_tokens=20)[0, 8:].tolist()
+    decoder = Decoder(
+        model,
+        ids,
+        OracleProposer(full, 8, length=5),
+        max_new_tokens=limit,
+        sampling=SamplingConfig(),
+        eos_token_ids=[],
+    )
+    steps = list(decoder)
+    assert decoder.new_tokens == full[:limit]
+    assert sum(map(len, steps)) == limit
+    assert all(p <= max(limit - 1, 0) for p in decoder.stats.proposed_per_step)
+
+
+# --- fit_budget ----------------------------------------------------------------------------
+
+
+def a_branch(size: int) -> Branch:
+    return Branch(
+        tokens=torch.arange(size) + 50,
+        depths=torch.arange(size) + 1,
+        visible=torch.eye(size, dtype=torch.bool),
+        logit_rows=torch.arange(size),
+    )
+
+
+def test_fit_budget_keeps_candidates_while_their_trie_fits():
+    proposal = Proposal([[1, 2, 3], [1, 4], [5]])
+    assert fit_budget(proposal, None) is proposal
+    assert fit_budget(proposal, 4).candidates == [[1, 2, 3]]  # 1 + 3 tokens
+    assert fit_budget(proposal, 5).candidates == [[1, 2, 3], [1, 4]]  # the trie shares "1"
+    assert fit_budget(proposal, 6).candidates == [[1, 2, 3], [1, 4], [5]]
+    assert fit_budget(proposal, 100).candidates == proposal.candidates
+    assert fit_budget(Proposal([[1, 2], [1, 2, 3]]), 4).candidates == [[1, 2], [1, 2, 3]]
+    assert fit_budget(proposal, 3).candidates == [[1, 2]]  # a single chain cut short
+    assert fit_budget(proposal, 1).candidates == []
+
+
+def test_fit_budget_drops_the_branch_first_and_trims_draft_probs():
+    branch = a_branch(4)
+    proposal = Proposal([[1, 2, 3]], branch=branch)
+    fitted = fit_budget(proposal, 4)  # x0 + 4 branch tokens do not fit: no branch
+    assert fitted.branch is None and fitted.candidates == [[1, 2, 3]]
+    fitted = fit_budget(proposal, 7)  # x0 + 4 + 2: the branch stays, the candidate is cut
+    assert fitted.branch is branch and fitted.candidates == [[1, 2]]
+    fitted = fit_budget(proposal, 8)
+    assert fitted.branch is branch and fitted.candidates == [[1, 2, 3]]
+    probs = torch.rand(3, 10)
+    fitted = fit_budget(Proposal([[1, 2, 3]], draft_probs=[probs]), 3)
+    assert fitted.candidates == [[1, 2]]
+    assert len(fitted.draft_probs) == 1 and torch.equal(fitted.draft_probs[0], probs[:2])
+    for budget in range(1, 9):  # whatever the budget, the step fits in it
+        fitted = fit_budget(Proposal([[1, 2, 3], [1, 4], [6, 7]], branch=branch), budget)
+        size = 1 + (0 if fitted.branch is None else 4) + len(TokenTree(0, fitted.candidates)) - 1
+        assert size <= budget
+
+
+# --- statistics ----------------------------------------------------------------------------
+
+
+def test_generation_stats_numbers():
+    stats = GenerationStats(method="lookahead", prompt_tokens=12)
+    for forward, proposed, accepted in [(12, 0, 0), (8, 4, 2), (8, 4, 0), (6, 3, 3), (5, 0, 0)]:
+        stats.record_step(forward, proposed, accepted)
+    stats.new_tokens = 1 + 3 + 1 + 4 + 1
+    stats.seconds = 2.0
+    assert stats.steps == 5
+    assert stats.accepted_per_step == [0, 2, 0, 3, 0]
+    assert stats.proposed_per_step == [0, 4, 4, 3, 0]
+    assert stats.forward_tokens_per_step == [12, 8, 8, 6, 5]
+    assert stats.accepted_per_position == [2, 2, 1]  # steps accepting >= 1, >= 2, >= 3
+    assert stats.tokens_per_step == pytest.approx(10 / 5)
+    assert stats.tokens_per_second == pytest.approx(5.0)
+    assert stats.mean_accepted == pytest.approx((2 + 0 + 3) / 3)  # steps that proposed
+    assert stats.mean_forward_tokens == pytest.approx((8 + 8 + 6 + 5) / 4)  # prefill excluded
+    data = json.loads(json.dumps(stats.as_dict()))
+    assert data["tokens_per_step"] == pytest.approx(2.0)
+    assert data["mean_accepted"] == pytest.approx(5 / 3)
+    assert data["accepted_per_position"] == [2, 2, 1] and data["method"] == "lookahead"
+
+
+def test_generation_stats_empty():
+    stats = GenerationStats(method="autoregressive")
+    assert stats.tokens_per_step == 0.0 and stats.tokens_per_second == 0.0
+    assert stats.mean_accepted == 0.0 and stats.mean_forward_tokens == 0.0
+
+
+def test_stream_yields_what_generate_returns(tiny_lm):
+    model = tiny_lm("llama", seed=0)
+    ids = torch.tensor([[7, 8, 9, 7, 8, 9, 7, 8]])
+    stream = lookahead.stream(model, ids, max_new_tokens=12, method="lookahead")
+    steps = list(stream)
+    result = lookahead.generate(model, ids, max_new_tokens=12, method="lookahead")
+    assert ids[0].tolist() + [t for s in steps for t in s] == result.sequences[0].tolist()
+    assert stream.stats.steps == len(steps) == result.stats.steps
+    assert result.new_tokens.tolist() == [result.sequences[0, 8:].tolist()]

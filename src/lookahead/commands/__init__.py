@@ -1,0 +1,1 @@
+"""The ``lookahead`` subcommands, one module each; ``common`` holds the options they share."""

@@ -1,0 +1,106 @@
+"""``lookahead chat``: a multi-turn chat in the terminal, each answer streamed as it is decoded.
+
+    lookahead chat --model smollm2-135m --debug
+    lookahead chat --model smollm2-135m --method autoregressive --debug    # to compare
+
+``/reset`` clears the conversation; ``/quit`` or Ctrl-D leaves; Ctrl-C stops the answer being
+written (Ctrl-C at the prompt leaves). With ``--debug`` the tokens that one forward pass
+committed together are shown in blue, and each answer ends with a statistics line.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from rich.console import Console
+
+import lookahead
+from lookahead.commands.common import (
+    TextDelta,
+    add_method_args,
+    add_model_args,
+    int_in,
+    load,
+    set_handler,
+    stats_line,
+)
+from lookahead.models import chat_prompt
+
+PROMPT = "[bold green]>>>[/] "
+MULTI_TOKEN_STYLE = "blue"
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "chat",
+        help="chat with a model in the terminal",
+        description="Chat with a model, using its chat template. /reset clears the conversation, "
+        "/quit or Ctrl-D leaves, Ctrl-C stops an answer.",
+    )
+    add_model_args(parser, default=None)
+    add_method_args(parser)
+    parser.add_argument(
+        "--max-new-tokens",
+        type=int_in(1, 1 << 20),
+        default=512,
+        metavar="N",
+        help="longest answer (default: 512)",
+    )
+    parser.add_argument(
+        "--debug",
+        action="store_true",
+        help="show tokens committed several at a time in blue and a statistics line per answer",
+    )
+    set_handler(parser, run)
+
+
+def run(args: argparse.Namespace) -> int:
+    console = Console(highlight=False, soft_wrap=True)
+    with console.status(f"loading {args.model} ..."):
+        model, tokenizer, options = load(args)
+    context = getattr(model.config, "max_position_embeddings", None)
+    console.print(
+        f"[bold]{args.model}[/], method [bold]{args.method}[/]. "
+        "/reset clears the conversation, /quit or Ctrl-D leaves, Ctrl-C stops an answer."
+    )
+    messages: list[dict[str, str]] = []
+    while True:
+        try:
+            text = console.input(PROMPT).strip()
+        except (EOFError, KeyboardInterrupt):
+            console.print()
+            return 0
+        if text in ("/quit", "/exit"):
+            return 0
+        if text == "/reset":
+            messages.clear()
+            console.print("[dim](conversation cleared)[/]")
+            continue
+        if not text:
+            continue
+        messages.append({"role": "user", "content": text})
+        input_ids = chat_prompt(tokenizer, messages)
+        room = args.max_new_tokens if context is None else context - input_ids.shape[1]
+        if room < 1:
+            messages.pop()
+            console.print("[red]The conversation fills the model's context: /reset to go on.[/]")
+            continue
+        budget = min(args.max_new_tokens, room)
+        stream = lookahead.stream(model, input_ids, budget, args.method, **options)
+        answer = answer_turn(console, tokenizer, stream, debug=args.debug)
+        messages.append({"role": "assistant", "content": answer})
+
+
+def answer_turn(console: Console, tokenizer, stream, *, debug: bool) -> str:
+    """Print the streamed answer; return its text. Ctrl-C ends the answer early, not the chat."""
+    delta = TextDelta(tokenizer)
+    try:
+        for tokens in stream:
+            style = MULTI_TOKEN_STYLE if debug and len(tokens) > 1 else None
+            console.print(delta.push(tokens), style=style, end="", markup=False)
+    except KeyboardInterrupt:
+        console.print(" [dim](stopped)[/]", end="")
+    console.print(delta.finish(), end="\n", markup=False)
+    if debug:
+        console.print(f"[dim]{stats_line(stream.stats)}[/]")
+    return tokenizer.decode(delta.ids, skip_special_tokens=True)

@@ -1,0 +1,358 @@
+"""What the subcommands share: model, method and sampling options, loading, streamed text.
+
+A subcommand module adds its parser, then::
+
+    add_model_args(parser)                   # --model --dtype --threads
+    add_method_args(parser)                  # --method, each method's shape, --sample ...
+    set_handler(parser, run)                 # run(args) -> exit code
+
+    def run(args):
+        model, tokenizer, options = load(args)
+        result = lookahead.generate(model, input_ids, args.max_new_tokens, args.method, **options)
+
+Bad combinations of options (``--window`` with ``--method prompt_lookup``, ``--temperature``
+without ``--sample``, an unknown ``--model``) raise :class:`UsageError`; :func:`set_handler` turns
+it into the usual argparse error (usage line, the option's name, exit status 2).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
+
+import torch
+
+from lookahead.api import METHOD_OPTIONS, check_draft_model
+from lookahead.config import MAX_DRAFT_TOKENS, MAX_GUESS, MAX_NGRAM, MAX_WINDOW, METHODS
+from lookahead.models import DEFAULT_MODEL, ModelNotAvailableError, load_model, resolve_dtype
+from lookahead.stats import GenerationStats
+
+logger = logging.getLogger(__name__)
+
+# The method options the CLI exposes, by the keyword lookahead.generate takes; the flag is
+# "--" + name with "-" for "_". (--draft-model is handled apart: it names a model to load.)
+_SHAPE_OPTIONS = ("window", "ngram", "guess", "num_draft_tokens", "max_ngram")
+_SAMPLING_OPTIONS = ("temperature", "top_p", "top_k", "seed")
+
+
+class UsageError(Exception):
+    """A bad command line found after parsing; ``option`` is the flag to blame, e.g. "--window"."""
+
+    def __init__(self, option: str, message: str) -> None:
+        super().__init__(f"argument {option}: {message}")
+        self.option = option
+
+
+class Loaded(NamedTuple):
+    """The model, its tokenizer and the keyword options for ``lookahead.generate``/``stream``."""
+
+    model: Any
+    tokenizer: Any
+    options: dict[str, Any]
+
+
+# ----------------------------------------------------------------------------- argument types
+
+
+def int_in(low: int, high: int) -> Callable[[str], int]:
+    """An argparse ``type`` accepting an int in ``[low, high]``."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"must be in [{low}, {high}], got {value}")
+        return value
+
+    parse.__name__ = "int"
+    return parse
+
+
+def _float_in(low: float, high: float, *, low_open: bool) -> Callable[[str], float]:
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+        above = value > low if low_open else value >= low
+        if not (above and value <= high):
+            bracket = "(" if low_open else "["
+            raise argparse.ArgumentTypeError(f"must be in {bracket}{low}, {high}], got {value}")
+        return value
+
+    parse.__name__ = "float"
+    return parse
+
+
+def dtype_name(text: str) -> str:
+    try:
+        resolve_dtype(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+    return text
+
+
+# ----------------------------------------------------------------------------- option groups
+
+
+def add_model_args(parser: argparse.ArgumentParser, *, default: str | None = DEFAULT_MODEL) -> None:
+    """``--model`` (required when ``default`` is None), ``--dtype`` and ``--threads``."""
+    group = parser.add_argument_group("model")
+    group.add_argument(
+        "--model",
+        required=default is None,
+        default=default,
+        metavar="NAME",
+        help="a bundled model (see `lookahead install-model -h`), a local Hugging Face folder, "
+        "a .gguf file or a hub id" + (f" (default: {default})" if default else ""),
+    )
+    group.add_argument(
+        "--dtype", type=dtype_name, default="bfloat16", help="weight dtype (default: bfloat16)"
+    )
+    group.add_argument(
+        "--threads",
+        type=int_in(1, 1024),
+        default=None,
+        metavar="N",
+        help="CPU threads for PyTorch (default: PyTorch's choice)",
+    )
+
+
+def add_method_args(parser: argparse.ArgumentParser, *, default: str = "lookahead") -> None:
+    """``--method`` with each method's options, and the sampling options."""
+    group = parser.add_argument_group("decoding method")
+    group.add_argument("--method", choices=METHODS, default=default, help=f"(default: {default})")
+    group.add_argument(
+        "--window", type=int_in(1, MAX_WINDOW), metavar="W", help="lookahead: window size"
+    )
+    group.add_argument(
+        "--ngram", type=int_in(2, MAX_NGRAM), metavar="N", help="lookahead: n-gram length"
+    )
+    group.add_argument(
+        "--guess",
+        type=int_in(1, MAX_GUESS),
+        metavar="G",
+        help="lookahead: candidate n-grams verified per step",
+    )
+    group.add_argument(
+        "--num-draft-tokens",
+        type=int_in(1, MAX_DRAFT_TOKENS),
+        metavar="K",
+        help="prompt_lookup, draft: tokens proposed per step",
+    )
+    group.add_argument(
+        "--max-ngram",
+        type=int_in(1, MAX_NGRAM),
+        metavar="N",
+        help="prompt_lookup: longest n-gram matched",
+    )
+    group.add_argument(
+        "--draft-model", metavar="NAME", help="draft: the small model (same vocabulary)"
+    )
+    sampling = parser.add_argument_group("sampling (default: greedy)")
+    sampling.add_argument(
+        "--sample", action="store_true", help="sample instead of taking the most likely token"
+    )
+    sampling.add_argument(
+        "--temperature",
+        type=_float_in(0.0, 100.0, low_open=True),
+        metavar="T",
+        help="with --sample (default: 1.0)",
+    )
+    sampling.add_argument(
+        "--top-p",
+        type=_float_in(0.0, 1.0, low_open=True),
+        metavar="P",
+        help="with --sample: nucleus size (default: 1.0, off)",
+    )
+    sampling.add_argument(
+        "--top-k",
+        type=int_in(0, 1 << 30),
+        metavar="K",
+        help="with --sample: keep the K most likely tokens (default: 0, off)",
+    )
+    sampling.add_argument(
+        "--seed",
+        type=int_in(0, (1 << 63) - 1),
+        metavar="S",
+        help="with --sample: random seed (default: fresh each run)",
+    )
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def method_options(args: argparse.Namespace, draft_model: Any = None) -> dict[str, Any]:
+    """The keyword options for ``lookahead.generate`` from the parsed arguments.
+
+    Only options given on the command line are passed (the library's defaults apply to the
+    others). ``draft_model`` is the loaded draft for ``--method draft``.
+
+    Raises ``UsageError`` for an option that the method does not take, ``--method draft``
+    without ``--draft-model`` and sampling options without ``--sample``.
+    """
+    accepted = METHOD_OPTIONS[args.method]
+    options: dict[str, Any] = {}
+    for name in _SHAPE_OPTIONS:
+        value = getattr(args, name, None)
+        if value is None:
+            continue
+        if name not in accepted:
+            takers = [m for m, names in METHOD_OPTIONS.items() if name in names]
+            raise UsageError(
+                _flag(name), f"applies to --method {' or '.join(takers)}, not {args.method}"
+            )
+        options[name] = value
+    if args.method == "draft":
+        if not getattr(args, "draft_model", None):
+            raise UsageError("--draft-model", "--method draft needs a draft model")
+        if draft_model is not None:
+            options["draft_model"] = draft_model
+    elif getattr(args, "draft_model", None):
+        raise UsageError("--draft-model", f"applies to --method draft, not {args.method}")
+    if getattr(args, "sample", False):
+        options["do_sample"] = True
+    for name in _SAMPLING_OPTIONS:
+        value = getattr(args, name, None)
+        if value is None:
+            continue
+        if not options.get("do_sample"):
+            raise UsageError(_flag(name), "needs --sample (decoding is greedy without it)")
+        options[name] = value
+    return options
+
+
+# ----------------------------------------------------------------------------- running
+
+
+def set_handler(parser: argparse.ArgumentParser, run: Callable[[argparse.Namespace], int]) -> None:
+    """Make ``run`` the subcommand's ``func``: a ``UsageError`` becomes an argparse error of
+    ``parser`` (exit status 2); a model that is not installed, a message and status 1."""
+
+    def func(args: argparse.Namespace) -> int:
+        try:
+            return run(args)
+        except UsageError as error:
+            parser.error(str(error))
+        except ModelNotAvailableError as error:
+            print(f"{parser.prog}: error: {error}", file=sys.stderr)
+            return 1
+        return 0  # not reached: parser.error exits
+
+    parser.set_defaults(func=func)
+
+
+def load(args: argparse.Namespace) -> Loaded:
+    """Check the options, apply ``--threads`` and load ``--model`` (and ``--draft-model``).
+
+    The options are checked before any model is loaded, so a typo fails at once.
+    """
+    has_method = hasattr(args, "method")
+    if has_method:
+        method_options(args)  # fail fast, before the slow part
+    if getattr(args, "threads", None):
+        torch.set_num_threads(args.threads)
+    if not getattr(args, "verbose", 0):
+        # Loading a small model takes a second: the per-tensor progress bar is only noise.
+        from transformers.utils import logging as transformers_logging
+
+        transformers_logging.disable_progress_bar()
+    model, tokenizer = load_named("--model", args.model, args.dtype)
+    draft = None
+    if has_method and args.method == "draft":
+        draft, _ = load_named("--draft-model", args.draft_model, args.dtype)
+        try:
+            check_draft_model(model, draft)
+        except ValueError as error:
+            raise UsageError("--draft-model", str(error)) from None
+    options = method_options(args, draft) if has_method else {}
+    return Loaded(model, tokenizer, options)
+
+
+def load_named(option: str, name: str, dtype: str) -> tuple[Any, Any]:
+    """``lookahead.load_model(name, dtype)``; an unknown name or path is a ``UsageError``."""
+    try:
+        return load_model(name, dtype=dtype)
+    except ModelNotAvailableError:
+        raise
+    except (ValueError, FileNotFoundError) as error:
+        raise UsageError(option, str(error)) from None
+
+
+def encode_text(tokenizer: Any, text: str) -> torch.Tensor:
+    """Plain text (no chat template) → LongTensor [1, L], with the tokenizer's special tokens."""
+    return tokenizer(text, return_tensors="pt")["input_ids"]
+
+
+def stats_line(stats: GenerationStats) -> str:
+    """One line: tokens, seconds, tokens/s and tokens per step (forward pass)."""
+    return (
+        f"{stats.new_tokens} tokens, {stats.seconds:.2f} s, "
+        f"{stats.tokens_per_second:.1f} tokens/s, {stats.tokens_per_step:.2f} tokens/step"
+    )
+
+
+# ----------------------------------------------------------------------------- streamed text
+
+
+class TextDelta:
+    """Turns tokens arriving a few at a time into the new text to print.
+
+    Decoding each token alone breaks characters spread over several byte-level tokens (and
+    drops the leading spaces of SentencePiece tokens), and decoding the whole answer every step
+    costs O(n²). Like vLLM's incremental detokenizer, this decodes a short window: the tokens
+    since the text last printed (``ids[prefix:]``) against the same window without the new
+    tokens (``ids[prefix:read]``); the difference is the new text. Text ending in U+FFFD (an
+    unfinished UTF-8 sequence) is held back until the next token completes it.
+
+    ``context``: the last few prompt tokens, decoded in front of the first new tokens so that
+    a completion's first word gets the space it has after the prompt (not part of ``ids``).
+
+    Example::
+
+        delta = TextDelta(tokenizer, context=input_ids[0, -4:].tolist())
+        for tokens in lookahead.stream(model, input_ids, 64):
+            print(delta.push(tokens), end="", flush=True)
+        print(delta.finish())
+    """
+
+    def __init__(
+        self, tokenizer: Any, *, context: Sequence[int] = (), skip_special_tokens: bool = True
+    ) -> None:
+        self._tokenizer = tokenizer
+        self._skip = skip_special_tokens
+        self._all: list[int] = list(context)  # context, then the new tokens
+        self._context = len(self._all)
+        self._prefix = 0  # start of the decoded window
+        self._read = self._context  # end of the tokens whose text is printed
+
+    @property
+    def ids(self) -> list[int]:
+        """The new tokens pushed so far."""
+        return self._all[self._context :]
+
+    def push(self, tokens: Sequence[int]) -> str:
+        """Add ``tokens``; return the text they complete (possibly empty)."""
+        self._all.extend(tokens)
+        printed = self._decode(self._all[self._prefix : self._read])
+        text = self._decode(self._all[self._prefix :])
+        if len(text) <= len(printed) or text.endswith("\ufffd"):
+            return ""
+        self._prefix, self._read = self._read, len(self._all)
+        return text[len(printed) :]
+
+    def finish(self) -> str:
+        """The text still held back (an unfinished character at the very end)."""
+        printed = self._decode(self._all[self._prefix : self._read])
+        text = self._decode(self._all[self._prefix :])
+        self._prefix = self._read = len(self._all)
+        return text[len(printed) :]
+
+    def _decode(self, ids: list[int]) -> str:
+        return self._tokenizer.decode(ids, skip_special_tokens=self._skip) if ids else ""

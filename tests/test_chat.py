@@ -1,0 +1,100 @@
+"""``lookahead chat`` driven in a pseudo-terminal, as a person would use it (with pexpect)."""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+pexpect = pytest.importorskip("pexpect")
+
+# The same tiny model and tokenizer as test_cli: pytest's default "prepend" import mode puts
+# tests/ on sys.path.
+from test_cli import save_tiny_chat_model  # noqa: E402
+
+ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+STATS = re.compile(r"(\d+) tokens, [\d.]+ s, [\d.]+ tokens/s, ([\d.]+) tokens/step")
+PROMPT = ">>>"
+TIMEOUT = 90  # starting Python with torch and transformers takes a few seconds, more when busy
+
+
+@pytest.fixture(scope="module")
+def tiny_folder(tmp_path_factory) -> Path:
+    # A long context, so that an answer can run long enough to be interrupted.
+    return save_tiny_chat_model(tmp_path_factory.mktemp("tiny-chat"), max_positions=1 << 16)
+
+
+def spawn_chat(folder: Path, *extra: str):
+    env = dict(os.environ, OMP_NUM_THREADS="1", COLUMNS="200", LINES="50")
+    argv = ["-m", "lookahead", "chat", "--model", str(folder), "--dtype", "float64", *extra]
+    child = pexpect.spawn(
+        sys.executable, argv, env=env, encoding="utf-8", timeout=TIMEOUT, dimensions=(50, 200)
+    )
+    child.expect_exact(PROMPT)
+    return child
+
+
+def plain(text: str) -> str:
+    return ANSI.sub("", text)
+
+
+def test_chat_streams_answers_with_stats_resets_and_quits(tiny_folder) -> None:
+    child = spawn_chat(tiny_folder, "--debug", "--max-new-tokens", "24")
+    try:
+        child.sendline("hello world")
+        child.expect(STATS)
+        answer = plain(child.before).split("hello world", 1)[-1]  # after the echoed input
+        tokens, tokens_per_step = int(child.match.group(1)), float(child.match.group(2))
+        assert tokens == 24  # the tiny model has no EOS: it writes the whole budget
+        assert tokens_per_step >= 1.0
+        assert answer.strip()
+        child.expect_exact(PROMPT)
+
+        child.sendline("one two three one two three")  # a second turn on top of the first
+        child.expect(STATS)
+        if float(child.match.group(2)) > 1.0:  # steps that committed several tokens: blue
+            assert "\x1b[34m" in child.before
+        child.expect_exact(PROMPT)
+
+        child.sendline("/reset")
+        child.expect_exact("conversation cleared")
+        child.expect_exact(PROMPT)
+
+        child.sendline("/quit")
+        child.expect(pexpect.EOF)
+    finally:
+        child.close(force=True)
+    assert child.exitstatus == 0
+
+
+def test_ctrl_c_stops_the_answer_then_ctrl_c_at_the_prompt_leaves(tiny_folder) -> None:
+    # 60 000 tokens would take minutes: the answer is surely still running when Ctrl-C comes.
+    argv = ("--debug", "--method", "autoregressive", "--max-new-tokens", "60000")
+    child = spawn_chat(tiny_folder, *argv)
+    try:
+        child.sendline("hello")
+        child.expect(r"\w+ \w+ \w+ \w+")  # the answer is streaming
+        child.sendintr()
+        child.expect_exact("(stopped)")
+        child.expect(STATS)  # the statistics of the part that was written
+        assert float(child.match.group(2)) == 1.0  # one token per step, none in blue
+        assert "\x1b[34m" not in child.before
+        child.expect_exact(PROMPT)  # still chatting
+        child.sendintr()
+        child.expect(pexpect.EOF)
+    finally:
+        child.close(force=True)
+    assert child.exitstatus == 0
+
+
+def test_ctrl_d_at_the_prompt_leaves(tiny_folder) -> None:
+    child = spawn_chat(tiny_folder)
+    try:
+        child.sendeof()
+        child.expect(pexpect.EOF)
+    finally:
+        child.close(force=True)
+    assert child.exitstatus == 0

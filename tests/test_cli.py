@@ -1,0 +1,305 @@
+"""Tests of ``lookahead generate`` (and the options every subcommand shares) on a tiny model.
+
+The model is a random-weight 2-layer Llama saved, with a word-level tokenizer and a chat
+template, to a temporary folder, then run through ``lookahead.cli.main([...])`` in float64 so
+that every method must print exactly the text of ``model.generate``'s greedy output.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from tokenizers import Tokenizer, decoders, pre_tokenizers
+from tokenizers import models as tokenizer_models
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+import lookahead
+from lookahead.cli import main
+from lookahead.commands.common import TextDelta
+from lookahead.models import chat_prompt
+
+WORDS = ["<unk>", "<s>", "</s>", "user", "assistant", ":"] + (
+    "the a cache key value token step window guess pool hello world def return if else for in "
+    "while list int str none true false print model fast slow same output input one two three "
+    "four five six seven eight nine ten red green blue again and or not so then now here there "
+    "yes no ok"
+).split()
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<s> {{ m['role'] }} : {{ m['content'] }} </s> {% endfor %}"
+    "{% if add_generation_prompt %}<s> assistant : {% endif %}"
+)
+PROMPT = "def fast model return the same output for one token"
+
+
+def save_tiny_chat_model(folder: Path, *, max_positions: int = 256) -> Path:
+    """Save a tiny random Llama (no EOS: it always writes max_new_tokens) and a word-level
+    tokenizer with a chat template to ``folder``; return ``folder``."""
+    backend = Tokenizer(
+        tokenizer_models.WordLevel({w: i for i, w in enumerate(WORDS)}, unk_token="<unk>")
+    )
+    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=backend, unk_token="<unk>", bos_token="<s>", eos_token="</s>"
+    )
+    tokenizer.chat_template = CHAT_TEMPLATE
+    config = LlamaConfig(
+        vocab_size=len(WORDS),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=max_positions,
+        bos_token_id=None,
+        eos_token_id=None,
+        pad_token_id=None,
+        tie_word_embeddings=False,
+    )
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(config).eval()
+    model.generation_config.eos_token_id = None
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def tiny_folder(tmp_path_factory) -> Path:
+    return save_tiny_chat_model(tmp_path_factory.mktemp("tiny-chat-llama"))
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_folder):
+    """The saved model and tokenizer loaded here, as the CLI loads them (float64)."""
+    return lookahead.load_model(tiny_folder, dtype="float64")
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def run_cli(argv: list[str], capsys) -> tuple[int, str, str]:
+    code = main(argv)
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def check_completion(tiny, input_ids: torch.Tensor, max_new_tokens: int, out: str) -> None:
+    """``out`` is ``model.generate``'s greedy continuation: the prompt's text followed by
+    ``out`` (less the final newline) is the text of prompt and greedy output together."""
+    model, tokenizer = tiny
+    output = model.generate(input_ids, max_new_tokens=max_new_tokens, do_sample=False)
+    assert output.shape[1] == input_ids.shape[1] + max_new_tokens
+    prompt_text = tokenizer.decode(input_ids[0], skip_special_tokens=True)
+    full_text = tokenizer.decode(output[0], skip_special_tokens=True)
+    assert out.endswith("\n") and len(out) > 1
+    assert prompt_text + out[:-1] == full_text
+
+
+# ----------------------------------------------------------------------------- generate
+
+
+@pytest.mark.parametrize(
+    "method_args",
+    [
+        ["--method", "autoregressive"],
+        [],  # lookahead, the default
+        ["--method", "lookahead", "--window", "3", "--ngram", "3", "--guess", "2"],
+        ["--method", "prompt_lookup", "--num-draft-tokens", "4", "--max-ngram", "2"],
+        ["--method", "draft", "--draft-model", "SELF", "--num-draft-tokens", "3"],
+    ],
+    ids=["autoregressive", "lookahead", "lookahead-shape", "prompt_lookup", "draft"],
+)
+def test_generate_prints_the_greedy_completion(tiny_folder, tiny, capsys, method_args) -> None:
+    method_args = [str(tiny_folder) if a == "SELF" else a for a in method_args]
+    argv = ["generate", "--model", str(tiny_folder), "--dtype", "float64", *method_args]
+    code, out, _ = run_cli([*argv, "--max-new-tokens", "30", PROMPT], capsys)
+    assert code == 0
+    check_completion(tiny, tiny[1](PROMPT, return_tensors="pt")["input_ids"], 30, out)
+
+
+def test_generate_chat_wraps_the_prompt_in_the_template(tiny_folder, tiny, capsys) -> None:
+    argv = ["generate", "--model", str(tiny_folder), "--dtype", "float64", "--chat"]
+    code, out, _ = run_cli([*argv, "--max-new-tokens", "12", "hello world"], capsys)
+    assert code == 0
+    check_completion(tiny, chat_prompt(tiny[1], "hello world"), 12, out)
+
+
+def test_generate_stats_json_on_stderr(tiny_folder, capsys) -> None:
+    argv = ["generate", "--model", str(tiny_folder), "--dtype", "float64", "--stats"]
+    code, out, err = run_cli([*argv, "--max-new-tokens", "20", PROMPT], capsys)
+    assert code == 0
+    assert out.strip()
+    stats = json.loads(err.strip().splitlines()[-1])
+    assert stats["method"] == "lookahead"
+    assert stats["prompt_tokens"] == len(PROMPT.split())
+    assert stats["new_tokens"] == 20
+    assert 1 <= stats["steps"] <= 20
+    assert stats["tokens_per_step"] == pytest.approx(20 / stats["steps"])
+    assert stats["tokens_per_second"] > 0
+    assert len(stats["accepted_per_step"]) == stats["steps"]
+    for name in ("seconds", "time_to_first_token", "mean_accepted", "mean_forward_tokens"):
+        assert name in stats
+
+
+def test_generate_without_stats_leaves_stderr_free_of_json(tiny_folder, capsys) -> None:
+    argv = ["generate", "--model", str(tiny_folder), "--dtype", "float64"]
+    code, _, err = run_cli([*argv, "--max-new-tokens", "5", PROMPT], capsys)
+    assert code == 0
+    assert "tokens_per_step" not in err
+
+
+def test_generate_reads_the_prompt_from_stdin(tiny_folder, capsys, monkeypatch) -> None:
+    argv = ["generate", "--model", str(tiny_folder), "--dtype", "float64", "--max-new-tokens", "9"]
+    code, expected, _ = run_cli([*argv, PROMPT], capsys)
+    monkeypatch.setattr(sys, "stdin", io.StringIO(PROMPT + "\n"))
+    code_stdin, out, _ = run_cli([*argv, "-"], capsys)
+    assert code == code_stdin == 0
+    assert out == expected and out.strip()
+
+
+def test_generate_sampling_with_a_seed_repeats(tiny_folder, capsys) -> None:
+    argv = ["generate", "--model", str(tiny_folder), "--dtype", "float64", "--max-new-tokens", "16"]
+    sample = ["--sample", "--temperature", "1.5", "--top-k", "20", "--top-p", "0.95"]
+    outs = [run_cli([*argv, *sample, "--seed", str(s), PROMPT], capsys)[1] for s in (7, 7, 8)]
+    assert outs[0] == outs[1]
+    assert outs[0].strip() and outs[2].strip()
+
+
+@pytest.mark.parametrize(
+    "extra, option",
+    [
+        (["--method", "nope"], "--method"),
+        (["--window", "0"], "--window"),
+        (["--window", "x"], "--window"),
+        (["--ngram", "1"], "--ngram"),
+        (["--max-new-tokens", "0"], "--max-new-tokens"),
+        (["--dtype", "int8"], "--dtype"),
+        (["--method", "prompt_lookup", "--window", "5"], "--window"),
+        (["--method", "autoregressive", "--num-draft-tokens", "3"], "--num-draft-tokens"),
+        (["--method", "draft"], "--draft-model"),
+        (["--method", "lookahead", "--draft-model", "x"], "--draft-model"),
+        (["--temperature", "0.7"], "--temperature"),
+        (["--sample", "--temperature", "0"], "--temperature"),
+        (["--sample", "--top-p", "1.5"], "--top-p"),
+        (["--sample", "--top-k", "-1"], "--top-k"),
+        (["--max-new-tokens", "100000"], "--max-new-tokens"),  # beyond the model's context
+    ],
+)
+def test_bad_options_are_argparse_errors_naming_the_option(
+    tiny_folder, capsys, extra, option
+) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(["generate", "--model", str(tiny_folder), "--dtype", "float64", *extra, PROMPT])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert "usage: lookahead generate" in err
+    assert f"argument {option}" in err
+
+
+@pytest.mark.parametrize("model", ["/no/such/folder", "no-such-model"])
+def test_unknown_model_is_an_error_naming_model(capsys, model) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(["generate", "--model", model, "x"])
+    assert info.value.code == 2
+    assert "argument --model" in capsys.readouterr().err
+
+
+def test_generate_needs_a_model_and_a_prompt(tiny_folder, capsys) -> None:
+    for argv in (["generate", "x"], ["generate", "--model", str(tiny_folder)]):
+        with pytest.raises(SystemExit) as info:
+            main(argv)
+        assert info.value.code == 2
+    assert "--model" in capsys.readouterr().err
+
+
+def test_empty_prompt_is_an_error(tiny_folder, capsys, monkeypatch) -> None:
+    monkeypatch.setattr(sys, "stdin", io.StringIO(""))
+    with pytest.raises(SystemExit) as info:
+        main(["generate", "--model", str(tiny_folder), "-"])
+    assert info.value.code == 2
+    assert "argument PROMPT" in capsys.readouterr().err
+
+
+def test_every_subcommand_is_registered() -> None:
+    from lookahead.cli import build_parser
+
+    choices = build_parser()._subparsers._group_actions[0].choices
+    assert {"demo", "generate", "chat", "install-model"} <= set(choices)
+
+
+def test_install_model_rejects_an_unknown_name(capsys) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(["install-model", "gpt-5"])
+    assert info.value.code == 2
+    assert "argument NAME" in capsys.readouterr().err
+
+
+# ----------------------------------------------------------------------------- TextDelta
+
+
+def byte_tokenizer() -> PreTrainedTokenizerFast:
+    """A byte-level BPE with no merges: every UTF-8 byte is one token, so "é" takes two."""
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    backend = Tokenizer(tokenizer_models.BPE({c: i for i, c in enumerate(sorted(alphabet))}, []))
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.decoder = decoders.ByteLevel()
+    return PreTrainedTokenizerFast(tokenizer_object=backend)
+
+
+@pytest.mark.parametrize("chunk", [1, 2, 3, 5])
+def test_text_delta_prints_multibyte_characters_whole(chunk) -> None:
+    tokenizer = byte_tokenizer()
+    text = "naïve café: 日本語 ✓ ok 🙂!"
+    ids = tokenizer(text)["input_ids"]
+    assert len(ids) == len(text.encode())  # really one token per byte
+    delta = TextDelta(tokenizer)
+    pieces = [delta.push(ids[i : i + chunk]) for i in range(0, len(ids), chunk)]
+    pieces.append(delta.finish())
+    assert "".join(pieces) == text
+    assert not any("\ufffd" in piece for piece in pieces)
+
+
+def test_text_delta_word_level_keeps_the_spaces() -> None:
+    backend = Tokenizer(
+        tokenizer_models.WordLevel({w: i for i, w in enumerate(WORDS)}, unk_token="<unk>")
+    )
+    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    words = PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="</s>")
+    ids = words("hello world </s> again")["input_ids"]
+    delta = TextDelta(words)
+    text = "".join(delta.push([i]) for i in ids) + delta.finish()
+    assert text == words.decode(ids, skip_special_tokens=True) == "hello world again"
+    assert delta.ids == ids
+    # With the prompt's tail as context, the first word gets its space after the prompt.
+    delta = TextDelta(words, context=words("one two")["input_ids"])
+    text = "".join(delta.push([i]) for i in ids) + delta.finish()
+    assert text == " hello world again"
+    assert delta.ids == ids
+
+
+# ----------------------------------------------------------------------------- demo
+
+
+@pytest.mark.slow
+def test_demo_on_the_bundled_model_prints_identical(capsys) -> None:
+    from lookahead.models import ModelNotAvailableError, find_gguf, get_model_spec
+
+    try:
+        find_gguf(get_model_spec("smollm2-135m"))
+    except ModelNotAvailableError as error:
+        pytest.skip(str(error))
+    code, out, _ = run_cli(["demo", "--max-new-tokens", "32"], capsys)
+    assert code == 0
+    assert "identical" in out
+    assert "DIFFERENT" not in out
+    assert "speed-up" in out and "tokens/step" in out

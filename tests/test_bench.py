@@ -6,10 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
-import torch
-from tokenizers import Tokenizer, pre_tokenizers
-from tokenizers import models as tokenizer_models
-from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+from tiny import save_tiny_model
 
 from lookahead.bench.cli import config_from_args
 from lookahead.bench.methods import METHODS
@@ -37,26 +34,7 @@ PROMPTS = [
 def tiny(tmp_path_factory) -> dict[str, Path]:
     """A saved tiny Llama with a word-level tokenizer, a JSONL prompt file, a cache folder."""
     root = tmp_path_factory.mktemp("bench")
-    config = LlamaConfig(
-        vocab_size=len(WORDS),
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=256,
-        bos_token_id=1,
-        eos_token_id=2,
-    )
-    torch.manual_seed(0)
-    LlamaForCausalLM(config).eval().save_pretrained(root / "model")
-    backend = Tokenizer(
-        tokenizer_models.WordLevel({w: i for i, w in enumerate(WORDS)}, unk_token="<unk>")
-    )
-    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    PreTrainedTokenizerFast(
-        tokenizer_object=backend, unk_token="<unk>", bos_token="<s>", eos_token="</s>"
-    ).save_pretrained(root / "model")
+    save_tiny_model(root / "model", WORDS, max_positions=256)
     prompts = root / "prompts.jsonl"
     prompts.write_text("".join(json.dumps(p) + "\n" for p in PROMPTS))
     return dict(model=root / "model", prompts=prompts, cache=root / "cache", out=root / "out")

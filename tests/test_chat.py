@@ -11,9 +11,9 @@ import pytest
 
 pexpect = pytest.importorskip("pexpect")
 
-# The same tiny model and tokenizer as test_cli: pytest's default "prepend" import mode puts
-# tests/ on sys.path.
-from test_cli import save_tiny_chat_model  # noqa: E402
+# The same tiny model and tokenizer as test_cli (tests/tiny.py: pytest's default "prepend"
+# import mode puts tests/ on sys.path).
+from tiny import save_tiny_chat_model  # noqa: E402
 
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 STATS = re.compile(r"(\d+) tokens, [\d.]+ s, [\d.]+ tokens/s, ([\d.]+) tokens/step")

@@ -14,58 +14,17 @@ from pathlib import Path
 
 import pytest
 import torch
+from tiny import CHAT_WORDS, save_tiny_chat_model, word_tokenizer
 from tokenizers import Tokenizer, decoders, pre_tokenizers
 from tokenizers import models as tokenizer_models
-from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+from transformers import PreTrainedTokenizerFast
 
 import lookahead
 from lookahead.cli import main
 from lookahead.commands.common import TextDelta
 from lookahead.models import chat_prompt
 
-WORDS = ["<unk>", "<s>", "</s>", "user", "assistant", ":"] + (
-    "the a cache key value token step window guess pool hello world def return if else for in "
-    "while list int str none true false print model fast slow same output input one two three "
-    "four five six seven eight nine ten red green blue again and or not so then now here there "
-    "yes no ok"
-).split()
-CHAT_TEMPLATE = (
-    "{% for m in messages %}<s> {{ m['role'] }} : {{ m['content'] }} </s> {% endfor %}"
-    "{% if add_generation_prompt %}<s> assistant : {% endif %}"
-)
 PROMPT = "def fast model return the same output for one token"
-
-
-def save_tiny_chat_model(folder: Path, *, max_positions: int = 256) -> Path:
-    """Save a tiny random Llama (no EOS: it always writes max_new_tokens) and a word-level
-    tokenizer with a chat template to ``folder``; return ``folder``."""
-    backend = Tokenizer(
-        tokenizer_models.WordLevel({w: i for i, w in enumerate(WORDS)}, unk_token="<unk>")
-    )
-    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=backend, unk_token="<unk>", bos_token="<s>", eos_token="</s>"
-    )
-    tokenizer.chat_template = CHAT_TEMPLATE
-    config = LlamaConfig(
-        vocab_size=len(WORDS),
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=max_positions,
-        bos_token_id=None,
-        eos_token_id=None,
-        pad_token_id=None,
-        tie_word_embeddings=False,
-    )
-    torch.manual_seed(0)
-    model = LlamaForCausalLM(config).eval()
-    model.generation_config.eos_token_id = None
-    model.save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    return folder
 
 
 @pytest.fixture(scope="module")
@@ -270,11 +229,7 @@ def test_text_delta_prints_multibyte_characters_whole(chunk) -> None:
 
 
 def test_text_delta_word_level_keeps_the_spaces() -> None:
-    backend = Tokenizer(
-        tokenizer_models.WordLevel({w: i for i, w in enumerate(WORDS)}, unk_token="<unk>")
-    )
-    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    words = PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="</s>")
+    words = word_tokenizer(CHAT_WORDS, unk_token=None, bos_token=None)  # only </s> is special
     ids = words("hello world </s> again")["input_ids"]
     delta = TextDelta(words)
     text = "".join(delta.push([i]) for i in ids) + delta.finish()

@@ -10,9 +10,7 @@ from types import MappingProxyType
 
 import pytest
 import torch
-from tokenizers import Tokenizer, pre_tokenizers
-from tokenizers import models as tokenizer_models
-from transformers import PreTrainedTokenizerFast
+from tiny import CHAT_TEMPLATE, word_tokenizer
 
 from lookahead import datasets
 from lookahead.datasets import (
@@ -24,24 +22,8 @@ from lookahead.datasets import (
     load_prompts,
 )
 
+# The vocabulary of tiny.word_tokenizer, which adds no special tokens of its own.
 WORDS = ["<unk>", "<s>", "</s>", "user", "assistant", ":", "hello", "world", "def", "f", "(", ")"]
-CHAT_TEMPLATE = (
-    "{% for m in messages %}<s> {{ m['role'] }} : {{ m['content'] }} </s> {% endfor %}"
-    "{% if add_generation_prompt %}<s> assistant : {% endif %}"
-)
-
-
-def tiny_tokenizer(chat_template: str | None) -> PreTrainedTokenizerFast:
-    """A word-level tokenizer over WORDS that adds no special tokens of its own."""
-    backend = Tokenizer(
-        tokenizer_models.WordLevel({w: i for i, w in enumerate(WORDS)}, unk_token="<unk>")
-    )
-    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=backend, unk_token="<unk>", bos_token="<s>", eos_token="</s>"
-    )
-    tokenizer.chat_template = chat_template
-    return tokenizer
 
 
 def write_jsonl(path: Path, rows: list[object | str]) -> Path:
@@ -186,24 +168,24 @@ def test_missing_jsonl_is_file_not_found(tmp_path: Path) -> None:
 
 
 def test_encode_chat_prompt_uses_the_template() -> None:
-    tokenizer = tiny_tokenizer(CHAT_TEMPLATE)
+    tokenizer = word_tokenizer(WORDS, CHAT_TEMPLATE)
     input_ids = encode_prompt(tokenizer, Prompt(id="a", text="hello world", is_chat=True))
     assert input_ids.dtype == torch.long
     assert input_ids.tolist() == [[1, 3, 5, 6, 7, 2, 1, 4, 5]]
 
 
 def test_encode_completion_prompt_is_plain_text() -> None:
-    tokenizer = tiny_tokenizer(CHAT_TEMPLATE)
+    tokenizer = word_tokenizer(WORDS, CHAT_TEMPLATE)
     input_ids = encode_prompt(tokenizer, Prompt(id="a", text="def f ( )", is_chat=False))
     assert input_ids.tolist() == [[8, 9, 10, 11]]
 
 
 def test_encode_chat_prompt_without_template_falls_back_to_plain_text() -> None:
-    tokenizer = tiny_tokenizer(None)
+    tokenizer = word_tokenizer(WORDS)
     input_ids = encode_prompt(tokenizer, Prompt(id="a", text="hello", is_chat=True))
     assert input_ids.tolist() == [[6]]
 
 
 def test_encode_empty_prompt_is_an_error() -> None:
     with pytest.raises(ValueError, match="no tokens"):
-        encode_prompt(tiny_tokenizer(None), Prompt(id="empty", text="", is_chat=False))
+        encode_prompt(word_tokenizer(WORDS), Prompt(id="empty", text="", is_chat=False))

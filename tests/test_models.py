@@ -11,9 +11,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from tokenizers import Tokenizer, pre_tokenizers
-from tokenizers import models as tokenizer_models
-from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+from tiny import CHAT_TEMPLATE, tiny_llama, word_tokenizer
+from transformers import LlamaForCausalLM
 
 from lookahead import models
 from lookahead.models import (
@@ -28,40 +27,8 @@ from lookahead.models import (
     resolve_dtype,
 )
 
+# The word-level vocabulary of tiny.word_tokenizer (unknown words → <unk>) and tiny.tiny_llama.
 WORDS = ["<unk>", "<s>", "</s>", "user", "assistant", ":", "hello", "world", "def", "f", "(", ")"]
-CHAT_TEMPLATE = (
-    "{% for m in messages %}<s> {{ m['role'] }} : {{ m['content'] }} </s> {% endfor %}"
-    "{% if add_generation_prompt %}<s> assistant : {% endif %}"
-)
-
-
-def tiny_tokenizer(chat_template: str | None = None) -> PreTrainedTokenizerFast:
-    """A word-level tokenizer over WORDS (unknown words → <unk>), built without any download."""
-    backend = Tokenizer(
-        tokenizer_models.WordLevel({w: i for i, w in enumerate(WORDS)}, unk_token="<unk>")
-    )
-    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=backend, unk_token="<unk>", bos_token="<s>", eos_token="</s>"
-    )
-    tokenizer.chat_template = chat_template
-    return tokenizer
-
-
-def tiny_llama() -> LlamaForCausalLM:
-    config = LlamaConfig(
-        vocab_size=len(WORDS),
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-        bos_token_id=1,
-        eos_token_id=2,
-    )
-    torch.manual_seed(0)
-    return LlamaForCausalLM(config).eval()
 
 
 # ----------------------------------------------------------------------------- registry
@@ -173,10 +140,10 @@ def test_load_model_checks_dtype_before_loading(tmp_path: Path) -> None:
 
 @pytest.fixture
 def tiny_folder(tmp_path: Path) -> tuple[Path, LlamaForCausalLM]:
-    model = tiny_llama()
+    model = tiny_llama(len(WORDS))
     folder = tmp_path / "tiny-llama"
     model.save_pretrained(folder)
-    tiny_tokenizer(CHAT_TEMPLATE).save_pretrained(folder)
+    word_tokenizer(WORDS, CHAT_TEMPLATE).save_pretrained(folder)
     return folder, model
 
 
@@ -203,7 +170,7 @@ def test_load_local_folder_in_bfloat16(tiny_folder) -> None:
 
 
 def test_chat_prompt_applies_the_template_with_generation_prompt() -> None:
-    tokenizer = tiny_tokenizer(CHAT_TEMPLATE)
+    tokenizer = word_tokenizer(WORDS, CHAT_TEMPLATE)
     input_ids = chat_prompt(tokenizer, "hello world")
     assert input_ids.dtype == torch.long
     # <s> user : hello world </s> <s> assistant :   -- one BOS per turn, none added on top.
@@ -211,7 +178,7 @@ def test_chat_prompt_applies_the_template_with_generation_prompt() -> None:
 
 
 def test_chat_prompt_accepts_a_message_list() -> None:
-    tokenizer = tiny_tokenizer(CHAT_TEMPLATE)
+    tokenizer = word_tokenizer(WORDS, CHAT_TEMPLATE)
     messages = [
         {"role": "user", "content": "hello"},
         {"role": "assistant", "content": "world"},
@@ -222,13 +189,13 @@ def test_chat_prompt_accepts_a_message_list() -> None:
 
 
 def test_chat_prompt_without_template_is_plain_encoding() -> None:
-    tokenizer = tiny_tokenizer(None)
+    tokenizer = word_tokenizer(WORDS)
     assert chat_prompt(tokenizer, "def f ( )").tolist() == [[8, 9, 10, 11]]
 
 
 def test_chat_prompt_rejects_empty_message_list() -> None:
     with pytest.raises(ValueError, match="user_message"):
-        chat_prompt(tiny_tokenizer(CHAT_TEMPLATE), [])
+        chat_prompt(word_tokenizer(WORDS, CHAT_TEMPLATE), [])
 
 
 # ----------------------------------------------------------------------------- GGUF parts

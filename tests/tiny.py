@@ -1,0 +1,129 @@
+"""Tiny models and tokenizers for the tests, built offline in milliseconds.
+
+A plain helper module, not a test file: tests import it as ``from tiny import ...`` (pytest's
+default "prepend" import mode puts tests/ on ``sys.path``).
+
+- ``word_tokenizer(words)``: a word-level tokenizer, token id = position in ``words``.
+- ``tiny_llama(vocab_size)``: a random-weight 2-layer Llama, the same weights for the same seed.
+- ``save_tiny_model(folder, words)``: both of them saved to a folder, as a downloaded model is.
+- ``save_tiny_chat_model(folder)``: the no-EOS chat model of test_cli and test_chat.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from tokenizers import Tokenizer, pre_tokenizers
+from tokenizers import models as tokenizer_models
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+# One turn is "<s> role : content </s>", so every template token is a word of the vocabulary.
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<s> {{ m['role'] }} : {{ m['content'] }} </s> {% endfor %}"
+    "{% if add_generation_prompt %}<s> assistant : {% endif %}"
+)
+
+# The vocabulary of save_tiny_chat_model (test_cli, test_chat).
+CHAT_WORDS = ["<unk>", "<s>", "</s>", "user", "assistant", ":"] + (
+    "the a cache key value token step window guess pool hello world def return if else for in "
+    "while list int str none true false print model fast slow same output input one two three "
+    "four five six seven eight nine ten red green blue again and or not so then now here there "
+    "yes no ok"
+).split()
+
+
+def word_tokenizer(
+    words: list[str],
+    chat_template: str | None = None,
+    *,
+    unk_token: str | None = "<unk>",
+    bos_token: str | None = "<s>",
+    eos_token: str | None = "</s>",
+) -> PreTrainedTokenizerFast:
+    """A word-level tokenizer over ``words``: split on whitespace, word ``words[i]`` is token
+    ``i``, a word not in ``words`` is ``"<unk>"`` (which ``words`` must hold). It adds no
+    special tokens of its own; ``unk_token``, ``bos_token`` and ``eos_token`` only name them
+    to transformers (None: not named). Decoding joins the words with spaces."""
+    backend = Tokenizer(
+        tokenizer_models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>")
+    )
+    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    special = dict(unk_token=unk_token, bos_token=bos_token, eos_token=eos_token)
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=backend, **{name: token for name, token in special.items() if token}
+    )
+    tokenizer.chat_template = chat_template
+    return tokenizer
+
+
+def tiny_llama(
+    vocab_size: int,
+    *,
+    max_positions: int = 64,
+    bos: int | None = 1,
+    eos: int | None = 2,
+    seed: int = 0,
+    **config_overrides: Any,
+) -> LlamaForCausalLM:
+    """A random-weight Llama (hidden 32, 2 layers, 4 heads, 2 KV heads) in eval mode, its
+    weights drawn right after ``torch.manual_seed(seed)``. ``bos``/``eos`` are the config's
+    token ids (the defaults are ``word_tokenizer``'s ``<s>`` and ``</s>`` when ``words``
+    starts with ``<unk>``, ``<s>``, ``</s>``); ``eos=None`` gives a model with no EOS at all,
+    in its generation config too, so that it always writes ``max_new_tokens``.
+    ``config_overrides`` go to ``LlamaConfig`` as they are."""
+    config = LlamaConfig(
+        vocab_size=vocab_size,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=max_positions,
+        bos_token_id=bos,
+        eos_token_id=eos,
+        **config_overrides,
+    )
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(config).eval()
+    if eos is None:
+        model.generation_config.eos_token_id = None
+    return model
+
+
+def save_tiny_model(
+    folder: Path,
+    words: list[str],
+    *,
+    chat_template: str | None = None,
+    max_positions: int = 64,
+    bos: int | None = 1,
+    eos: int | None = 2,
+    seed: int = 0,
+    **config_overrides: Any,
+) -> Path:
+    """Save ``tiny_llama(len(words), ...)`` and ``word_tokenizer(words, chat_template)`` to
+    ``folder`` (``save_pretrained``), loadable as a local model; return ``folder``."""
+    model = tiny_llama(
+        len(words), max_positions=max_positions, bos=bos, eos=eos, seed=seed, **config_overrides
+    )
+    model.save_pretrained(folder)
+    word_tokenizer(words, chat_template).save_pretrained(folder)
+    return folder
+
+
+def save_tiny_chat_model(folder: Path, *, max_positions: int = 256) -> Path:
+    """Save a tiny random Llama over ``CHAT_WORDS`` with no EOS (it always writes
+    max_new_tokens) and a word-level tokenizer with ``CHAT_TEMPLATE`` to ``folder``; return
+    ``folder``."""
+    return save_tiny_model(
+        folder,
+        CHAT_WORDS,
+        chat_template=CHAT_TEMPLATE,
+        max_positions=max_positions,
+        bos=None,
+        eos=None,
+        pad_token_id=None,
+        tie_word_embeddings=False,
+    )

@@ -12,7 +12,15 @@ import logging
 import sys
 
 # Modules that register subcommands, in the order ``--help`` lists them.
-SUBCOMMAND_MODULES: tuple[str, ...] = ()
+SUBCOMMAND_MODULES: tuple[str, ...] = (
+    "lookahead.commands.demo",
+    "lookahead.commands.generate",
+    "lookahead.commands.chat",
+    "lookahead.commands.install_model",
+    "lookahead.bench.cli",
+    "lookahead.bench.tune_cli",
+    "lookahead.server.cli",
+)
 
 
 def build_parser() -> argparse.ArgumentParser:

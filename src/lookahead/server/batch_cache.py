@@ -1,0 +1,257 @@
+"""The KV cache of a batch of requests, and the inputs of one batched step.
+
+One ``DynamicCache`` holds every running request: in each layer keys and values are
+``[B, H, S, D]``, one row per request. Rows have different lengths and a step keeps a different
+number of entries in each row, so instead of deleting entries we keep, beside the tensors,
+
+* ``valid``: bool ``[B, S]``, whether column s of row b holds one of that request's cached
+  tokens (prompt, or a token a step accepted);
+* ``positions``: long ``[B, S]``, the absolute position of each entry (for sliding windows).
+
+A step feeds every row ``T`` tokens (each request's step input, padded to the longest), so the
+model appends T columns to every row; afterwards only each request's x0 and accepted nodes are
+marked valid. The 4D mask hides everything else. When rows carry many invalid columns,
+``compact`` gathers the valid ones to the left.
+
+Example (two requests, S=4, a step of T=3)::
+
+    valid before      [[1 1 1 0]      row 1 was added with a 3-token prompt
+                       [1 1 1 1]]
+    step rows kept    row 0: [0, 2]   row 1: [0]
+    valid after       [[1 1 1 0 | 1 0 1]
+                       [1 1 1 1 | 1 0 0]]
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from transformers import DynamicCache
+
+from lookahead.attention import StepLayout
+
+
+@dataclass(frozen=True)
+class StepBatch:
+    """The padded input of one batched forward pass.
+
+    input_ids, position_ids: long [B, T]. mask: additive float [B, 1, T, S + T] (or one per
+    layer type, see ``batched_attention_mask``). logit_rows: bool [B, T], the rows whose logits
+    some request needs (``logits_to_keep``). order[b]: where request b's ``layout.logit_rows``
+    sit in the flat logits [N, V] the model returns for ``logit_rows``.
+    """
+
+    input_ids: torch.Tensor
+    position_ids: torch.Tensor
+    mask: torch.Tensor | dict[str, torch.Tensor]
+    logit_rows: torch.Tensor
+    order: list[torch.Tensor]
+
+    @property
+    def width(self) -> int:
+        return self.input_ids.shape[1]
+
+
+class BatchedCache:
+    """Rows of cached keys/values, one per running request, with per-column validity."""
+
+    def __init__(self) -> None:
+        self.cache: DynamicCache | None = None
+        self.valid = torch.zeros(0, 0, dtype=torch.bool)  # [B, S]
+        self.positions = torch.zeros(0, 0, dtype=torch.long)  # [B, S]
+
+    @property
+    def rows(self) -> int:
+        return self.valid.shape[0]
+
+    @property
+    def columns(self) -> int:
+        return self.valid.shape[1]
+
+    def row_lengths(self) -> list[int]:
+        """Valid entries of each row."""
+        return self.valid.sum(dim=1).tolist()
+
+    def add_row(self, single: DynamicCache) -> None:
+        """Append the cache of one prefilled request (batch 1, positions ``0 .. L-1``) as a row."""
+        length = single.get_seq_length()
+        if self.cache is None:
+            self.cache = single
+            self.valid = torch.ones(1, length, dtype=torch.bool)
+            self.positions = torch.arange(length).unsqueeze(0)
+            return
+        width = max(self.columns, length)
+        self._pad_columns(width)
+        for ours, theirs in zip(self.cache.layers, single.layers):
+            ours.keys = torch.cat([ours.keys, _pad(theirs.keys, width)], dim=0)
+            ours.values = torch.cat([ours.values, _pad(theirs.values, width)], dim=0)
+        row_valid = torch.zeros(1, width, dtype=torch.bool)
+        row_valid[0, :length] = True
+        row_positions = torch.zeros(1, width, dtype=torch.long)
+        row_positions[0, :length] = torch.arange(length)
+        self.valid = torch.cat([self.valid, row_valid])
+        self.positions = torch.cat([self.positions, row_positions])
+
+    def remove_rows(self, rows: list[int]) -> None:
+        """Drop the given rows (finished or cancelled requests); their memory is freed."""
+        if not rows:
+            return
+        keep = [r for r in range(self.rows) if r not in set(rows)]
+        if not keep:
+            self.clear()
+            return
+        index = torch.tensor(keep, dtype=torch.long)
+        for layer in self.cache.layers:
+            layer.keys = layer.keys.index_select(0, index)
+            layer.values = layer.values.index_select(0, index)
+        self.valid = self.valid.index_select(0, index)
+        self.positions = self.positions.index_select(0, index)
+        self._trim()
+
+    def clear(self) -> None:
+        self.cache = None
+        self.valid = torch.zeros(0, 0, dtype=torch.bool)
+        self.positions = torch.zeros(0, 0, dtype=torch.long)
+
+    def prepare_step(self, config, layouts: list[StepLayout], dtype: torch.dtype) -> StepBatch:
+        """Pad every request's step input to the longest and build the batched 4D mask.
+
+        Row b's real tokens see its valid cached columns and, inside the step, what the layout's
+        ``visible`` allows (a causal chain when None). Padding rows see only themselves.
+        """
+        batch, past = len(layouts), self.columns
+        width = max(layout.input_ids.shape[1] for layout in layouts)
+        input_ids = torch.zeros(batch, width, dtype=torch.long)
+        position_ids = torch.zeros(batch, width, dtype=torch.long)
+        allowed = torch.zeros(batch, width, past + width, dtype=torch.bool)
+        logit_rows = torch.zeros(batch, width, dtype=torch.bool)
+        order = []
+        eye = torch.eye(width, dtype=torch.bool)
+        for b, layout in enumerate(layouts):
+            t = layout.input_ids.shape[1]
+            input_ids[b, :t] = layout.input_ids[0]
+            input_ids[b, t:] = layout.input_ids[0, 0]
+            position_ids[b, :t] = layout.position_ids[0]
+            position_ids[b, t:] = layout.position_ids[0, 0]
+            visible = layout.visible
+            if visible is None:
+                visible = torch.tril(torch.ones(t, t, dtype=torch.bool))
+            allowed[b, :t, :past] = self.valid[b]
+            allowed[b, :t, past : past + t] = visible
+            allowed[b, t:, past:] = eye[t:]
+            rows = layout.logit_rows
+            logit_rows[b, rows] = True
+            order.append(torch.searchsorted(torch.unique(rows), rows))
+        key_positions = torch.cat([self.positions, position_ids], dim=1)
+        mask = batched_attention_mask(config, allowed, position_ids, key_positions, dtype)
+        return StepBatch(input_ids, position_ids, mask, logit_rows, order)
+
+    def split_logits(self, batch: StepBatch, logits: torch.Tensor) -> list[torch.Tensor]:
+        """The model's logits for ``batch.logit_rows`` -> per request [R_b, V] in layout order.
+
+        ``logits`` is flat [N, V] (rows in row-major order of the bool mask) or, for a model
+        that ignores a 2D ``logits_to_keep``, [B, T, V].
+        """
+        if logits.dim() == 3:
+            logits = logits[batch.logit_rows]
+        counts = batch.logit_rows.sum(dim=1).tolist()
+        out, start = [], 0
+        for count, order in zip(counts, batch.order):
+            out.append(logits[start : start + count][order])
+            start += count
+        return out
+
+    def extend(self, position_ids: torch.Tensor) -> None:
+        """Record the T columns the forward pass appended to every row, invalid for now."""
+        batch, width = position_ids.shape
+        self.valid = torch.cat([self.valid, torch.zeros(batch, width, dtype=torch.bool)], dim=1)
+        self.positions = torch.cat([self.positions, position_ids], dim=1)
+
+    def keep(self, row: int, width: int, step_rows: list[int]) -> None:
+        """Mark the step entries ``step_rows`` (indices into the last ``width`` columns) valid."""
+        start = self.columns - width
+        self.valid[row, torch.tensor(step_rows, dtype=torch.long) + start] = True
+
+    def wasted(self) -> float:
+        """Fraction of columns the longest row does not need (what ``compact`` would save)."""
+        if self.columns == 0:
+            return 0.0
+        return 1.0 - max(self.row_lengths()) / self.columns
+
+    def compact(self) -> None:
+        """Gather each row's valid columns to the left and cut the columns no row needs.
+
+        Attention does not depend on the order of the keys (their positions are baked in by
+        RoPE and the mask follows the entries), so rows keep their entries in column order.
+        """
+        lengths = self.row_lengths()
+        width = max(lengths)
+        # Valid columns first (stable), then the rest: a per-row gather index [B, width].
+        index = torch.argsort((~self.valid).to(torch.int8), dim=1, stable=True)[:, :width]
+        for layer in self.cache.layers:
+            gather = index[:, None, :, None].expand(-1, layer.keys.shape[1], -1, layer.keys.shape[3])
+            layer.keys = layer.keys.gather(2, gather)
+            layer.values = layer.values.gather(2, gather)
+        self.valid = torch.arange(width).unsqueeze(0) < torch.tensor(lengths).unsqueeze(1)
+        self.positions = self.positions.gather(1, index)
+
+    def _pad_columns(self, width: int) -> None:
+        extra = width - self.columns
+        if extra <= 0:
+            return
+        for layer in self.cache.layers:
+            layer.keys = _pad(layer.keys, width)
+            layer.values = _pad(layer.values, width)
+        self.valid = torch.nn.functional.pad(self.valid, (0, extra), value=False)
+        self.positions = torch.nn.functional.pad(self.positions, (0, extra), value=0)
+
+    def _trim(self) -> None:
+        """Cut trailing columns that no row uses (after rows were removed)."""
+        used = self.valid.any(dim=0).nonzero()
+        width = int(used[-1]) + 1 if len(used) else 0
+        if width == self.columns:
+            return
+        for layer in self.cache.layers:
+            layer.keys = layer.keys[:, :, :width].contiguous()
+            layer.values = layer.values[:, :, :width].contiguous()
+        self.valid = self.valid[:, :width]
+        self.positions = self.positions[:, :width]
+
+
+def batched_attention_mask(
+    config,
+    allowed: torch.Tensor,
+    query_positions: torch.Tensor,
+    key_positions: torch.Tensor,
+    dtype: torch.dtype,
+) -> torch.Tensor | dict[str, torch.Tensor]:
+    """Bool [B, T, K] -> additive [B, 1, T, K]; the batched twin of ``attention.attention_mask``.
+
+    Models with sliding-window layers get the window applied by position (query_positions
+    [B, T], key_positions [B, K]); those that name their layer types take one mask per type.
+    """
+    full = _additive(allowed, dtype)
+    window = getattr(config, "sliding_window", None)
+    layer_types = getattr(config, "layer_types", None)
+    if window is None or (layer_types is not None and "sliding_attention" not in layer_types):
+        return full
+    near = query_positions.unsqueeze(2) - key_positions.unsqueeze(1) < window
+    windowed = _additive(allowed & near, dtype)
+    if layer_types is None:
+        return windowed
+    return {"full_attention": full, "sliding_attention": windowed}
+
+
+def _additive(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    mask = torch.zeros(allowed.shape, dtype=dtype)
+    mask.masked_fill_(~allowed, torch.finfo(dtype).min)
+    return mask.unsqueeze(1)
+
+
+def _pad(tensor: torch.Tensor, width: int) -> torch.Tensor:
+    """Zero-pad [B, H, S, D] on the right of S to ``width`` columns (zeros are never attended)."""
+    extra = width - tensor.shape[2]
+    if extra <= 0:
+        return tensor
+    return torch.nn.functional.pad(tensor, (0, 0, 0, extra))

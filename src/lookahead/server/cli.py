@@ -1,0 +1,134 @@
+"""``lookahead serve`` and ``lookahead loadtest``.
+
+    lookahead serve --model smollm2-135m --method lookahead --port 8000
+    lookahead loadtest --url http://127.0.0.1:8000 --concurrency 1,2,4,8 --requests 16
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import time
+
+from lookahead.api import check_draft_model
+from lookahead.commands.common import (
+    UsageError,
+    add_method_args,
+    add_model_args,
+    int_in,
+    load,
+    load_named,
+    set_handler,
+)
+
+logger = logging.getLogger(__name__)
+
+_PER_REQUEST = ("sample", "temperature", "top_p", "top_k", "seed")
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    serve = subparsers.add_parser(
+        "serve",
+        help="an OpenAI-compatible HTTP server (continuous batching, streaming)",
+        description="Serve /v1/completions and /v1/chat/completions (streamed or not), "
+        "/v1/models, /health and /metrics. Requests are decoded together in one batch; "
+        "speculation shrinks as the batch grows (--step-token-budget). A request picks its "
+        'method with the body field "lookahead": {"method": ..., <options>}.',
+    )
+    add_model_args(serve)
+    add_method_args(serve)
+    group = serve.add_argument_group("server")
+    group.add_argument("--host", default="127.0.0.1", help="(default: 127.0.0.1)")
+    group.add_argument("--port", type=int_in(0, 65535), default=8000, help="(default: 8000)")
+    group.add_argument("--served-model-name", metavar="NAME",
+                       help="the name clients pass as `model` (default: --model)")
+    group.add_argument("--max-batch-size", type=int_in(1, 4096), default=16, metavar="N",
+                       help="requests decoded together (default: 16)")
+    group.add_argument("--max-queue", type=int_in(0, 1 << 20), default=64, metavar="N",
+                       help="requests allowed to wait for the batch; more get 429 (default: 64)")
+    group.add_argument("--step-token-budget", type=int_in(1, 1 << 16), default=64, metavar="N",
+                       help="input tokens of one batched forward pass, shared by the running "
+                       "requests (default: 64)")
+    group.add_argument("--fixed-budget", action="store_true",
+                       help="give every request the ceiling step_token_budget // running "
+                       "instead of the share that measures best")
+    group.add_argument("--prefill-token-budget", type=int_in(1, 1 << 24), default=512,
+                       metavar="N", help="prompt tokens prefilled per engine iteration "
+                       "(default: 512)")
+    group.add_argument("--no-warmup", action="store_true",
+                       help="skip the short generation run before serving (it takes the "
+                       "first-call costs of the model off the first client)")
+    set_handler(serve, run_serve)
+
+    from lookahead.server import loadtest
+
+    test = subparsers.add_parser(
+        "loadtest",
+        help="measure a running server: throughput, time to first token, latency",
+        description="Send dataset prompts to a running `lookahead serve` at several "
+        "concurrencies and methods; print a table, write results.json and PNG plots.",
+    )
+    loadtest.add_arguments(test)
+    set_handler(test, loadtest.run)
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from lookahead.server.app import ServerSettings, create_app
+    from lookahead.server.engine import Engine, EngineConfig
+
+    for name in _PER_REQUEST:
+        if getattr(args, name, None):
+            flag = "--" + name.replace("_", "-")
+            raise UsageError(flag, "sampling is chosen per request (temperature, top_p, seed "
+                             "in the request body)")
+    # A draft model serves requests that ask for method "draft", whatever the default method.
+    draft_name = args.draft_model
+    if args.method != "draft":
+        args.draft_model = None
+    model, tokenizer, options = load(args)
+    draft = options.pop("draft_model", None)
+    if draft is None and draft_name:
+        draft, _ = load_named("--draft-model", draft_name, args.dtype)
+        try:
+            check_draft_model(model, draft)
+        except ValueError as error:
+            raise UsageError("--draft-model", str(error)) from None
+    config = EngineConfig(
+        step_token_budget=args.step_token_budget,
+        max_batch_size=args.max_batch_size,
+        max_queue=args.max_queue,
+        prefill_token_budget=args.prefill_token_budget,
+        adaptive_budget=not args.fixed_budget,
+    )
+    engine = Engine(model, tokenizer, config).start()
+    if not args.no_warmup:
+        _warm_up(engine, args.method, options)
+    settings = ServerSettings(args.served_model_name or args.model, args.method, options, draft)
+    app = create_app(engine, settings)
+    logger.info("serving %s (%s) on http://%s:%d", settings.model_name, args.method, args.host,
+                args.port)
+    try:
+        uvicorn.run(app, host=args.host, port=args.port,
+                    log_level="info" if args.verbose else "warning")
+    finally:
+        engine.stop()
+    return 0
+
+
+def _warm_up(engine, method: str, options: dict) -> None:
+    """One short generation through the engine, so that one-time costs are paid up front."""
+    from lookahead.api import make_decoder
+    from lookahead.server.engine import ErrorEvent
+
+    ids = engine.tokenizer("def fibonacci(n):\n    ", return_tensors="pt")["input_ids"]
+    if ids.shape[1] == 0:
+        return
+    started = time.perf_counter()
+    handle = engine.submit(make_decoder(engine.model, ids, 16, method, **options))
+    for event in handle.events(timeout=600):
+        if isinstance(event, ErrorEvent):
+            logger.warning("warm-up failed: %s", event.message)
+    engine.budget.forget()  # first calls are slow: not a measure of any share
+    logger.info("warmed up in %.1f s", time.perf_counter() - started)

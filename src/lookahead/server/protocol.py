@@ -1,0 +1,240 @@
+"""The OpenAI wire format: request bodies (validated by pydantic), responses and errors.
+
+Only what the engine can honour is accepted: ``n``, ``logprobs``, ``echo``, ``best_of``,
+``suffix``, penalties and ``logit_bias`` other than their defaults are refused with a 400 naming
+the field, rather than silently ignored. Unknown fields are ignored, as OpenAI does.
+
+The extra body field ``lookahead`` picks the method and its shape per request::
+
+    {"model": "smollm2-135m", "prompt": "def f(x):", "max_tokens": 64, "temperature": 0,
+     "lookahead": {"method": "prompt_lookup", "num_draft_tokens": 8}}
+
+Its other keys are the method's options (``lookahead.api.METHOD_OPTIONS``), checked by the
+library's own config classes; ``ignore_eos`` keeps decoding past end-of-sequence tokens.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+MAX_STOP_STRINGS = 4
+
+
+class LookaheadOptions(BaseModel):
+    """The ``lookahead`` extra field: method, method options, ``ignore_eos``."""
+
+    model_config = ConfigDict(extra="allow")
+
+    method: str | None = None
+    ignore_eos: bool = False
+
+    @property
+    def options(self) -> dict[str, Any]:
+        return dict(self.model_extra or {})
+
+
+class StreamOptions(BaseModel):
+    include_usage: bool = False
+
+
+class _Sampling(BaseModel):
+    """Fields common to both endpoints."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    model: str
+    max_tokens: int | None = Field(None, ge=1)
+    temperature: float = Field(1.0, ge=0.0, le=2.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    top_k: int = Field(0, ge=0)  # an extension, as in vLLM; 0 = off
+    n: int = 1
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    stop: str | list[str] | None = None
+    seed: int | None = Field(None, ge=0, le=(1 << 63) - 1)
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logit_bias: dict[str, float] | None = None
+    user: str | None = None
+    lookahead: LookaheadOptions = Field(default_factory=LookaheadOptions)
+
+    @field_validator("n")
+    @classmethod
+    def _one_choice(cls, n: int) -> int:
+        if n != 1:
+            raise ValueError("only n=1 is supported")
+        return n
+
+    @field_validator("stop")
+    @classmethod
+    def _stop_list(cls, stop):
+        if isinstance(stop, list) and len(stop) > MAX_STOP_STRINGS:
+            raise ValueError(f"at most {MAX_STOP_STRINGS} stop strings")
+        return stop
+
+    @field_validator("presence_penalty", "frequency_penalty")
+    @classmethod
+    def _no_penalty(cls, value: float) -> float:
+        if value != 0.0:
+            raise ValueError("penalties are not supported; leave it at 0")
+        return value
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _no_bias(cls, value):
+        if value:
+            raise ValueError("logit_bias is not supported")
+        return value
+
+    @property
+    def stop_strings(self) -> list[str]:
+        if self.stop is None:
+            return []
+        return [self.stop] if isinstance(self.stop, str) else list(self.stop)
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream and self.stream_options and self.stream_options.include_usage)
+
+
+class CompletionRequest(_Sampling):
+    """``POST /v1/completions``: one prompt, as text or as token ids."""
+
+    prompt: str | list[str] | list[int]
+    echo: bool = False
+    logprobs: int | None = None
+    best_of: int | None = None
+    suffix: str | None = None
+
+    @field_validator("prompt")
+    @classmethod
+    def _one_prompt(cls, prompt):
+        if isinstance(prompt, list) and prompt and isinstance(prompt[0], str):
+            if len(prompt) != 1:
+                raise ValueError("only one prompt per request is supported")
+            prompt = prompt[0]
+        if not prompt:
+            raise ValueError("the prompt must not be empty")
+        return prompt
+
+    @field_validator("echo", "suffix")
+    @classmethod
+    def _unsupported(cls, value, info):
+        if value:
+            raise ValueError(f"{info.field_name} is not supported")
+        return value
+
+    @field_validator("logprobs", "best_of")
+    @classmethod
+    def _unsupported_count(cls, value, info):
+        if value is not None and not (info.field_name == "best_of" and value == 1):
+            raise ValueError(f"{info.field_name} is not supported")
+        return value
+
+
+class ContentPart(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    role: Literal["system", "user", "assistant", "developer", "tool"]
+    content: str | list[ContentPart] | None = None
+
+    @property
+    def text(self) -> str:
+        if self.content is None:
+            return ""
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(part.text for part in self.content)
+
+
+class ChatCompletionRequest(_Sampling):
+    """``POST /v1/chat/completions``: messages rendered with the tokenizer's chat template."""
+
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+    logprobs: bool = False
+
+    @field_validator("logprobs")
+    @classmethod
+    def _no_logprobs(cls, value: bool) -> bool:
+        if value:
+            raise ValueError("logprobs is not supported")
+        return value
+
+    @property
+    def token_limit(self) -> int | None:
+        return self.max_completion_tokens or self.max_tokens
+
+
+# ----------------------------------------------------------------------------- responses
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:24]}"
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
+
+
+def completion_body(rid, model, text, reason, usage_, chat: bool, stats=None) -> dict:
+    """A whole (non-streamed) response; ``stats`` (the engine's figures) go in ``lookahead``."""
+    if chat:
+        choice = {"index": 0, "message": {"role": "assistant", "content": text},
+                  "logprobs": None, "finish_reason": reason}
+    else:
+        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": reason}
+    body = {
+        "id": rid,
+        "object": "chat.completion" if chat else "text_completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [choice],
+        "usage": usage_,
+    }
+    if stats is not None:
+        body["lookahead"] = stats
+    return body
+
+
+def chunk_body(rid, model, chat: bool, text=None, reason=None, role=False, usage_=None) -> dict:
+    """One SSE chunk; with ``usage_`` the usage-only chunk (empty ``choices``)."""
+    if usage_ is not None:
+        choices = []
+    elif chat:
+        delta = {"role": "assistant", "content": ""} if role else {}
+        if text:
+            delta["content"] = text
+        choices = [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": reason}]
+    else:
+        choices = [{"index": 0, "text": text or "", "logprobs": None, "finish_reason": reason}]
+    body = {
+        "id": rid,
+        "object": "chat.completion.chunk" if chat else "text_completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": choices,
+    }
+    if usage_ is not None:
+        body["usage"] = usage_
+    return body
+
+
+def error_body(message: str, error_type: str = "invalid_request_error",
+               param: str | None = None, code: str | None = None) -> dict:
+    return {"error": {"message": message, "type": error_type, "param": param, "code": code}}

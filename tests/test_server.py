@@ -1,0 +1,254 @@
+"""The HTTP server end to end: a real uvicorn on 127.0.0.1 serving a tiny float64 model,
+spoken to with the official ``openai`` client (and ``httpx`` where a client must misbehave)."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import openai
+import pytest
+import uvicorn
+from test_server_engine import (
+    CONTEXT,
+    prompt_ids,
+    tiny_llama,
+    tiny_tokenizer,
+    wait_idle,
+)
+
+import lookahead
+from lookahead.server.app import ServerSettings, create_app
+from lookahead.server.detokenize import Detokenizer
+from lookahead.server.engine import Engine, EngineConfig
+
+MODEL = "tiny-llama"
+
+
+class ServerThread:
+    """uvicorn serving ``app`` on a free port of 127.0.0.1, in a daemon thread."""
+
+    def __init__(self, app) -> None:
+        self.socket = socket.socket()
+        self.socket.bind(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.socket.getsockname()[1]}"
+        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
+        self.thread = threading.Thread(
+            target=self.server.run, kwargs={"sockets": [self.socket]}, daemon=True
+        )
+
+    def __enter__(self):
+        self.thread.start()
+        deadline = time.monotonic() + 20
+        while not self.server.started and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert self.server.started
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.server.should_exit = True
+        self.thread.join(10)
+
+
+@pytest.fixture(scope="module")
+def served():
+    model, tokenizer = tiny_llama(), tiny_tokenizer()
+    engine = Engine(model, tokenizer, EngineConfig(step_token_budget=64)).start()
+    settings = ServerSettings(MODEL, "lookahead", {"window": 4, "ngram": 3})
+    with ServerThread(create_app(engine, settings)) as server:
+        yield server, engine, model, tokenizer
+    engine.stop()
+
+
+@pytest.fixture(scope="module")
+def client(served):
+    return openai.OpenAI(base_url=served[0].url + "/v1", api_key="none", max_retries=0)
+
+
+def expected(model, tokenizer, ids, max_tokens, method="lookahead", **options):
+    """Text and token count of ``lookahead.generate`` alone, as the server would write them."""
+    if method == "lookahead" and not options:
+        options = {"window": 4, "ngram": 3}
+    tokens = lookahead.generate(model, ids, max_tokens, method, **options).new_tokens[0].tolist()
+    return Detokenizer(tokenizer, ids[0].tolist()).push(tokens, final=True), len(tokens)
+
+
+def test_models_health_and_metrics(served, client) -> None:
+    server = served[0]
+    assert [m.id for m in client.models.list().data] == [MODEL]
+    health = httpx.get(server.url + "/health").json()
+    assert health["status"] == "ok"
+    metrics = httpx.get(server.url + "/metrics")
+    assert metrics.headers["content-type"].startswith("text/plain")
+    assert "lookahead_time_to_first_token_seconds" in metrics.text
+    assert "process_resident_memory_bytes" in metrics.text
+
+
+def test_completion_greedy_with_usage(served, client) -> None:
+    _, _, model, tokenizer = served
+    ids = prompt_ids(1, 12)
+    text, count = expected(model, tokenizer, ids, 20)
+    reply = client.completions.create(model=MODEL, prompt=ids[0].tolist(), max_tokens=20,
+                                      temperature=0)
+    assert reply.choices[0].text == text
+    assert reply.usage.prompt_tokens == 12 and reply.usage.completion_tokens == count
+    assert reply.usage.total_tokens == 12 + count
+    assert reply.choices[0].finish_reason in ("stop", "length")
+
+
+def test_chat_streamed_equals_not_streamed(served, client) -> None:
+    messages = [{"role": "system", "content": "w1 w2"}, {"role": "user", "content": "w3 w4 w3 w4"}]
+    kwargs = {"model": MODEL, "messages": messages, "max_tokens": 25, "temperature": 0,
+              "extra_body": {"lookahead": {"method": "prompt_lookup"}}}
+    whole = client.chat.completions.create(**kwargs)
+    chunks = list(client.chat.completions.create(stream=True,
+                                                 stream_options={"include_usage": True}, **kwargs))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert streamed == whole.choices[0].message.content
+    assert chunks[-1].choices == [] and chunks[-1].usage == whole.usage
+    reasons = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert reasons == [whole.choices[0].finish_reason]
+
+
+def test_sixteen_concurrent_streams_each_equal_generate_alone(served, client) -> None:
+    _, engine, model, tokenizer = served
+    methods = ["lookahead", "autoregressive", "prompt_lookup", "lookahead"]
+    cases = [(prompt_ids(10 + i, 5 + 3 * i), 10 + 2 * i, methods[i % 4]) for i in range(16)]
+    wanted = [expected(model, tokenizer, ids, n, method) for ids, n, method in cases]
+
+    def stream(case):
+        ids, n, method = case
+        chunks = client.completions.create(
+            model=MODEL, prompt=ids[0].tolist(), max_tokens=n, temperature=0, stream=True,
+            stream_options={"include_usage": True}, extra_body={"lookahead": {"method": method}},
+        )
+        text, used = "", None
+        for chunk in chunks:
+            if chunk.choices:
+                text += chunk.choices[0].text
+            if chunk.usage:
+                used = chunk.usage.completion_tokens
+        return text, used
+
+    with ThreadPoolExecutor(16) as pool:
+        got = list(pool.map(stream, cases))
+    assert got == wanted
+    assert wait_idle(engine)
+
+
+def _cancelled(engine) -> float:
+    return engine.metrics.requests.value("cancelled", "cancelled")
+
+
+def test_client_that_hangs_up_mid_stream_is_cancelled(served) -> None:
+    server, engine, *_ = served
+    before = _cancelled(engine)
+    body = {"model": MODEL, "prompt": prompt_ids(3, 6)[0].tolist(), "max_tokens": 400,
+            "temperature": 0, "stream": True,
+            "lookahead": {"method": "autoregressive", "ignore_eos": True}}
+    with httpx.stream("POST", server.url + "/v1/completions", json=body, timeout=30) as response:
+        assert response.status_code == 200
+        lines = response.iter_lines()
+        first = next(line for line in lines if line.startswith("data: "))
+        assert json.loads(first[6:])["choices"][0]["text"]
+    # Leaving the block closed the connection mid-stream.
+    assert wait_idle(engine)
+    assert _cancelled(engine) == before + 1
+    assert engine._cache.cache is None
+
+
+def test_client_that_gives_up_on_a_whole_answer_is_cancelled(served) -> None:
+    server, engine, *_ = served
+    before = _cancelled(engine)
+    body = {"model": MODEL, "prompt": prompt_ids(4, 6)[0].tolist(), "max_tokens": 400,
+            "temperature": 0, "lookahead": {"method": "autoregressive", "ignore_eos": True}}
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(server.url + "/v1/completions", json=body, timeout=0.1)
+    assert wait_idle(engine)
+    assert _cancelled(engine) == before + 1
+
+
+@pytest.mark.parametrize(
+    "change, param",
+    [
+        ({"prompt": None}, "prompt"),
+        ({"model": None}, "model"),
+        ({"temperature": 3.0}, "temperature"),
+        ({"top_p": 0}, "top_p"),
+        ({"max_tokens": 0}, "max_tokens"),
+        ({"n": 2}, "n"),
+        ({"lookahead": {"method": "nope"}}, "lookahead.method"),
+        ({"lookahead": {"window": 0}}, "lookahead.window"),
+        ({"lookahead": {"method": "prompt_lookup", "window": 3}}, "lookahead"),
+        ({"lookahead": {"method": "draft"}}, "lookahead.method"),
+        ({"lookahead": {"temperature": 1}}, "lookahead.temperature"),
+        ({"prompt": [5] * (CONTEXT + 1)}, "prompt"),
+        ({"max_tokens": CONTEXT}, "max_tokens"),
+        ({"prompt": [10_000]}, "prompt"),
+    ],
+)
+def test_bad_requests_are_400_naming_the_field(served, change, param) -> None:
+    server = served[0]
+    body = {"model": MODEL, "prompt": [5, 6, 7], "max_tokens": 4, "temperature": 0}
+    for key, value in change.items():
+        if value is None:
+            body.pop(key)
+        else:
+            body[key] = value
+    response = httpx.post(server.url + "/v1/completions", json=body, timeout=30)
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["type"] == "invalid_request_error"
+    assert error["param"] == param, error
+    assert error["message"]
+
+
+def test_server_keeps_answering_after_faults(served, client) -> None:
+    server = served[0]
+    assert httpx.post(server.url + "/v1/completions", content=b"{not json",
+                      headers={"content-type": "application/json"}).status_code == 400
+    with pytest.raises(openai.NotFoundError):
+        client.completions.create(model="other", prompt="w1", max_tokens=2)
+    with pytest.raises(openai.BadRequestError) as info:
+        client.chat.completions.create(model=MODEL, messages=[], max_tokens=2)
+    assert info.value.body["param"] == "messages"
+    reply = client.completions.create(model=MODEL, prompt="w5 w6 w7", max_tokens=3, temperature=0)
+    assert reply.usage.completion_tokens >= 1
+    assert httpx.get(server.url + "/health").status_code == 200
+
+
+def test_stop_strings_and_sampling_options(served, client) -> None:
+    _, _, model, tokenizer = served
+    ids = prompt_ids(6, 10)
+    full, _ = expected(model, tokenizer, ids, 30)
+    stop = " ".join(full.split()[2:4])
+    reply = client.completions.create(model=MODEL, prompt=ids[0].tolist(), max_tokens=30,
+                                      temperature=0, stop=[stop])
+    assert reply.choices[0].text == full[: full.index(stop)]
+    assert reply.choices[0].finish_reason == "stop"
+    sampled = [client.completions.create(model=MODEL, prompt=ids[0].tolist(), max_tokens=15,
+                                         temperature=0.9, top_p=0.9, seed=7).choices[0].text
+               for _ in range(2)]
+    assert sampled[0] == sampled[1]
+
+
+def test_full_queue_answers_429() -> None:
+    model, tokenizer = tiny_llama(), tiny_tokenizer()
+    engine = Engine(model, tokenizer, EngineConfig(max_queue=1))  # never started: nothing drains
+    app = create_app(engine, ServerSettings(MODEL, "autoregressive"))
+    body = {"model": MODEL, "prompt": [5, 6], "max_tokens": 4, "temperature": 0, "stream": True}
+    with (
+        ServerThread(app) as server,
+        httpx.stream("POST", server.url + "/v1/completions", json=body, timeout=30) as first,
+    ):
+        assert first.status_code == 200  # accepted, waiting in the queue
+        client = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0)
+        with pytest.raises(openai.RateLimitError) as info:
+            client.completions.create(model=MODEL, prompt=[5, 6], max_tokens=4)
+        assert info.value.status_code == 429
+        assert "max_queue=1" in info.value.body["message"]

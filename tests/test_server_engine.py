@@ -1,0 +1,342 @@
+"""The batched engine against ``lookahead.generate`` alone, on tiny float64 models.
+
+Also holds the tiny model and tokenizer that ``test_server.py`` serves.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import torch
+from tokenizers import Tokenizer, pre_tokenizers
+from tokenizers import models as tokenizer_models
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+import lookahead
+from lookahead.api import make_decoder
+from lookahead.server.batch_cache import BatchedCache
+from lookahead.server.budget import BudgetPolicy
+from lookahead.server.detokenize import Detokenizer
+from lookahead.server.engine import (
+    Engine,
+    EngineConfig,
+    ErrorEvent,
+    FinishEvent,
+    QueueFullError,
+    TokenEvent,
+)
+
+SPECIAL = ["<unk>", "<s>", "</s>", "user", "assistant", "system", ":"]
+WORDS = SPECIAL + [f"w{i}" for i in range(89)]  # 96 tokens
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<s> {{ m['role'] }} : {{ m['content'] }} </s> {% endfor %}"
+    "{% if add_generation_prompt %}<s> assistant : {% endif %}"
+)
+CONTEXT = 512
+
+
+def tiny_tokenizer() -> PreTrainedTokenizerFast:
+    """Word-level over WORDS; decoding joins words with spaces."""
+    backend = Tokenizer(
+        tokenizer_models.WordLevel({w: i for i, w in enumerate(WORDS)}, unk_token="<unk>")
+    )
+    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=backend, unk_token="<unk>", bos_token="<s>", eos_token="</s>"
+    )
+    tokenizer.chat_template = CHAT_TEMPLATE
+    return tokenizer
+
+
+def tiny_llama(seed: int = 0, dtype=torch.float64) -> LlamaForCausalLM:
+    config = LlamaConfig(
+        vocab_size=len(WORDS),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=CONTEXT,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
+    torch.manual_seed(seed)
+    return LlamaForCausalLM(config).to(dtype).eval()
+
+
+def prompt_ids(seed: int, length: int) -> torch.Tensor:
+    """A prompt with repeats (so that lookup methods find something to propose)."""
+    g = torch.Generator().manual_seed(seed)
+    base = torch.randint(len(SPECIAL), len(WORDS), (max(2, length // 3),), generator=g)
+    return base.repeat(4)[:length].unsqueeze(0)
+
+
+@pytest.fixture(scope="module")
+def model():
+    return tiny_llama()
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return tiny_tokenizer()
+
+
+def wait_idle(engine, timeout: float = 10.0) -> bool:
+    """Whether the engine has no request left within ``timeout`` (events come before cleanup)."""
+    deadline = time.monotonic() + timeout
+    while engine.active_count and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return engine.active_count == 0
+
+
+def _collect(handle, timeout=60):
+    text, finish = "", None
+    for event in handle.events(timeout=timeout):
+        if isinstance(event, TokenEvent):
+            text += event.text
+        elif isinstance(event, ErrorEvent):
+            pytest.fail(event.message)
+        else:
+            finish = event
+    return text, finish
+
+
+CASES = [  # (method, options, prompt length, max_new_tokens)
+    ("lookahead", {"window": 4, "ngram": 3, "guess": 4}, 12, 40),
+    ("autoregressive", {}, 5, 30),
+    ("prompt_lookup", {"num_draft_tokens": 6}, 30, 50),
+    ("lookahead", {}, 20, 25),
+    ("prompt_lookup", {}, 9, 45),
+    ("autoregressive", {}, 40, 12),
+]
+
+
+@pytest.mark.parametrize("budget", [64, 8, 1])
+def test_batched_greedy_equals_generate_alone(model, tokenizer, budget) -> None:
+    engine = Engine(model, tokenizer, EngineConfig(step_token_budget=budget)).start()
+    try:
+        handles, expected = [], []
+        for seed, (method, options, length, new) in enumerate(CASES):
+            ids = prompt_ids(seed, length)
+            alone = lookahead.generate(model, ids, new, method, **options)
+            expected.append(alone.new_tokens[0].tolist())
+            handles.append(engine.submit(make_decoder(model, ids, new, method, **options)))
+        for handle, want in zip(handles, expected):
+            _, finish = _collect(handle)
+            assert finish.token_ids == want
+            assert finish.completion_tokens == len(want)
+        assert wait_idle(engine)
+    finally:
+        engine.stop()
+
+
+def test_requests_arriving_mid_batch_and_compaction(model, tokenizer) -> None:
+    """Late arrivals join a running batch; a small compaction threshold forces compactions."""
+    config = EngineConfig(step_token_budget=32, compact_min_columns=8, max_batch_size=3)
+    engine = Engine(model, tokenizer, config).start()
+    try:
+        pending = []
+        for seed in range(5):
+            method, options, length, new = CASES[seed % len(CASES)]
+            ids = prompt_ids(100 + seed, length)
+            want = lookahead.generate(model, ids, new, method, **options).new_tokens[0].tolist()
+            pending.append((engine.submit(make_decoder(model, ids, new, method, **options)), want))
+        for handle, want in pending:
+            assert _collect(handle)[1].token_ids == want
+    finally:
+        engine.stop()
+
+
+def test_sampling_with_a_seed_is_reproducible_in_a_batch(model, tokenizer) -> None:
+    """A seed fixes the output. (With speculation the draws depend on the proposals, which
+    depend on the budget share, so only plain decoding is compared with ``generate``.)"""
+    engine = Engine(model, tokenizer).start()
+    try:
+        ids = prompt_ids(7, 10)
+        opts = {"do_sample": True, "temperature": 0.8, "top_p": 0.9, "seed": 123}
+        alone = lookahead.generate(model, ids, 30, "autoregressive", **opts).new_tokens[0].tolist()
+        plain = [engine.submit(make_decoder(model, ids, 30, "autoregressive", **opts))
+                 for _ in range(2)]
+        spec = [engine.submit(make_decoder(model, ids, 30, "lookahead", **opts)) for _ in range(2)]
+        for handle in plain:
+            assert _collect(handle)[1].token_ids == alone
+        assert _collect(spec[0])[1].token_ids == _collect(spec[1])[1].token_ids
+    finally:
+        engine.stop()
+
+
+def test_cancel_frees_the_row(model, tokenizer) -> None:
+    engine = Engine(model, tokenizer).start()
+    try:
+        long = engine.submit(make_decoder(model, prompt_ids(1, 10), 140, "autoregressive",
+                                          eos_token_id=[]))
+        short = engine.submit(make_decoder(model, prompt_ids(2, 10), 5, "autoregressive"))
+        next(long.events(timeout=30))  # it is running
+        long.cancel()
+        _collect(short)
+        events = list(long.events(timeout=30))
+        assert isinstance(events[-1], FinishEvent) and events[-1].reason == "cancelled"
+        assert events[-1].completion_tokens < 140
+        assert wait_idle(engine)
+        assert engine._cache.cache is None  # memory freed
+    finally:
+        engine.stop()
+
+
+def test_queue_limit(model, tokenizer) -> None:
+    engine = Engine(model, tokenizer, EngineConfig(max_queue=2))  # not started: nothing drains
+    ids = prompt_ids(0, 4)
+    engine.submit(make_decoder(model, ids, 4, "autoregressive"))
+    engine.submit(make_decoder(model, ids, 4, "autoregressive"))
+    with pytest.raises(QueueFullError, match="max_queue=2"):
+        engine.submit(make_decoder(model, ids, 4, "autoregressive"))
+    assert engine.metrics.requests.value("rejected", "queue_full") == 1
+
+
+def test_a_failing_request_does_not_stop_the_others(model, tokenizer) -> None:
+    engine = Engine(model, tokenizer).start()
+    try:
+        bad = make_decoder(model, prompt_ids(3, 8), 20, "autoregressive")
+        bad.plan = lambda past, budget=None: (_ for _ in ()).throw(RuntimeError("boom"))
+        good_ids = prompt_ids(4, 8)
+        want = lookahead.generate(model, good_ids, 20, "lookahead").new_tokens[0].tolist()
+        h_bad = engine.submit(bad)
+        h_good = engine.submit(make_decoder(model, good_ids, 20, "lookahead"))
+        assert isinstance(list(h_bad.events(timeout=30))[-1], ErrorEvent)
+        assert _collect(h_good)[1].token_ids == want
+        assert engine.alive
+    finally:
+        engine.stop()
+
+
+def test_stop_string_cuts_the_text(model, tokenizer) -> None:
+    ids = prompt_ids(5, 12)
+    engine = Engine(model, tokenizer).start()
+    try:
+        full, _ = _collect(engine.submit(make_decoder(model, ids, 30, "autoregressive")))
+        stop = " ".join(full.split()[3:5])
+        handle = engine.submit(make_decoder(model, ids, 30, "autoregressive"), stop=[stop, "zz"])
+        text, finish = _collect(handle)
+    finally:
+        engine.stop()
+    assert finish.reason == "stop"
+    assert text == full[: full.index(stop)]
+
+
+# ----------------------------------------------------------------------------- pure parts
+
+
+class _CharTokenizer:
+    """Token i decodes to chr(i); 0xFF stands for half a character (shown as U+FFFD)."""
+
+    def decode(self, tokens, skip_special_tokens=True):
+        return "".join("\ufffd" if t == 0xFF else chr(t) for t in tokens)
+
+
+def _push_all(stop, pieces):
+    detok = Detokenizer(_CharTokenizer(), [ord("p")], stop)
+    sent = [detok.push([ord(c) if c != "?" else 0xFF for c in piece]) for piece in pieces]
+    return sent, detok
+
+
+def test_detokenizer_holds_back_a_possible_stop_string() -> None:
+    sent, detok = _push_all(["\n\n"], ["a\n", "b", "\n\nc"])
+    assert sent == ["a", "\nb", ""]
+    assert detok.stopped and detok.text == "a\nb"
+
+
+def test_detokenizer_flushes_when_final_and_holds_incomplete_characters() -> None:
+    sent, detok = _push_all(["xyz"], ["ab?", "xy"])
+    assert sent == ["ab", "\ufffd"]  # held while it ended the text, sent once followed
+    assert detok.push([], final=True) == "xy"
+
+
+def test_compact_keeps_each_rows_entries() -> None:
+    from transformers import DynamicCache
+
+    cache = BatchedCache()
+    for length in (3, 5):
+        single = DynamicCache()
+        keys = torch.arange(length, dtype=torch.float32).view(1, 1, length, 1) + 10 * length
+        single.update(keys, keys.clone(), 0)
+        cache.add_row(single)
+    assert cache.valid.tolist() == [[True] * 3 + [False] * 2, [True] * 5]
+    cache.cache.update(torch.full((2, 1, 2, 1), -1.0), torch.full((2, 1, 2, 1), -1.0), 0)
+    cache.extend(torch.tensor([[3, 4], [5, 6]]))
+    cache.keep(0, 2, [1])
+    cache.compact()
+    assert cache.columns == 5
+    assert cache.cache.layers[0].keys[0, 0, :4, 0].tolist() == [30, 31, 32, -1]
+    assert cache.positions[0, :4].tolist() == [0, 1, 2, 4]
+    assert cache.valid.tolist() == [[True] * 4 + [False], [True] * 5]
+    cache.remove_rows([1])
+    assert cache.columns == 4 and cache.rows == 1
+
+
+def test_threads_submitting_at_once(model, tokenizer) -> None:
+    engine = Engine(model, tokenizer).start()
+    results = {}
+
+    def client(i):
+        ids = prompt_ids(200 + i, 6 + i)
+        handle = engine.submit(make_decoder(model, ids, 15, "lookahead"))
+        results[i] = _collect(handle)[1].token_ids
+
+    try:
+        threads = [threading.Thread(target=client, args=(i,)) for i in range(6)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+    finally:
+        engine.stop()
+    for i in range(6):
+        ids = prompt_ids(200 + i, 6 + i)
+        assert results[i] == lookahead.generate(model, ids, 15, "lookahead").new_tokens[0].tolist()
+
+
+def test_draft_model_requests_in_a_batch(model, tokenizer) -> None:
+    draft = tiny_llama(seed=1)
+    engine = Engine(model, tokenizer, EngineConfig(step_token_budget=12)).start()
+    try:
+        cases = [("draft", {"draft_model": draft, "num_draft_tokens": 4}, 9, 30),
+                 ("draft", {"draft_model": draft}, 14, 20),
+                 ("lookahead", {}, 11, 25)]
+        pending = []
+        for seed, (method, options, length, new) in enumerate(cases):
+            ids = prompt_ids(300 + seed, length)
+            want = lookahead.generate(model, ids, new, method, **options).new_tokens[0].tolist()
+            pending.append((engine.submit(make_decoder(model, ids, new, method, **options)), want))
+        for handle, want in pending:
+            assert _collect(handle)[1].token_ids == want
+    finally:
+        engine.stop()
+
+
+def test_budget_ceiling_is_the_fixed_rule() -> None:
+    policy = BudgetPolicy(64, adaptive=False)
+    assert [policy.choose(["lookahead"] * n) for n in (1, 2, 8, 100)] == [64, 32, 8, 1]
+    assert BudgetPolicy(64).levels(5) == [1, 2, 4, 8, 12]
+
+
+def test_budget_policy_settles_on_the_share_that_pays_best() -> None:
+    """8 requests; a step costs 50 ms + 1 ms per token; a share of k tokens commits gain[k]
+    tokens per request: 8 * gain / cost is best at k = 4 (8 * 2.0 / 0.082 = 195 tokens/s)."""
+    policy = BudgetPolicy(64, explore=0.1, seed=1)
+    gain = {1: 1.0, 2: 1.5, 4: 2.0, 8: 2.3}
+    batch = ["lookahead"] * 8
+    chosen = []
+    for _ in range(300):
+        share = policy.choose(batch)
+        chosen.append(share)
+        policy.observe(batch, share, [gain[share]] * 8, forward_tokens=8 * share,
+                       seconds=0.05 + 0.001 * 8 * share)
+    assert chosen[0] == 8  # it starts from the ceiling (the fixed rule) ...
+    assert chosen[-100:].count(4) >= 80  # ... and settles on the best share
+    assert policy.table()["gain lookahead@4"] == 2.0
+    # Alone, the best known share is 8 (2.3 / 0.058 s beats 1 / 0.051 s); 16 is explored.
+    assert {policy.choose(["lookahead"]) for _ in range(50)} <= {4, 8, 16}
+    # Plain decoding gains nothing from a share: a batch of it takes one token each.
+    assert sum(policy.choose(["autoregressive"] * 8) == 1 for _ in range(100)) >= 85

@@ -16,8 +16,8 @@ import uvicorn
 from test_server_engine import (
     CONTEXT,
     prompt_ids,
-    tiny_llama,
-    tiny_tokenizer,
+    server_llama,
+    server_tokenizer,
     wait_idle,
 )
 
@@ -56,7 +56,7 @@ class ServerThread:
 
 @pytest.fixture(scope="module")
 def served():
-    model, tokenizer = tiny_llama(), tiny_tokenizer()
+    model, tokenizer = server_llama(), server_tokenizer()
     engine = Engine(model, tokenizer, EngineConfig(step_token_budget=64)).start()
     settings = ServerSettings(MODEL, "lookahead", {"window": 4, "ngram": 3})
     with ServerThread(create_app(engine, settings)) as server:
@@ -145,6 +145,20 @@ def _cancelled(engine) -> float:
     return engine.metrics.requests.value("cancelled", "cancelled")
 
 
+@pytest.fixture
+def slow_steps(served, monkeypatch):
+    """Each forward pass takes 10 ms more, so a 400-token request outlives a slow hang-up."""
+    model = served[2]
+    forward = model.forward
+
+    def slow(*args, **kwargs):
+        time.sleep(0.01)
+        return forward(*args, **kwargs)
+
+    monkeypatch.setattr(model, "forward", slow)
+
+
+@pytest.mark.usefixtures("slow_steps")
 def test_client_that_hangs_up_mid_stream_is_cancelled(served) -> None:
     server, engine, *_ = served
     before = _cancelled(engine)
@@ -162,6 +176,7 @@ def test_client_that_hangs_up_mid_stream_is_cancelled(served) -> None:
     assert engine._cache.cache is None
 
 
+@pytest.mark.usefixtures("slow_steps")
 def test_client_that_gives_up_on_a_whole_answer_is_cancelled(served) -> None:
     server, engine, *_ = served
     before = _cancelled(engine)
@@ -238,7 +253,7 @@ def test_stop_strings_and_sampling_options(served, client) -> None:
 
 
 def test_full_queue_answers_429() -> None:
-    model, tokenizer = tiny_llama(), tiny_tokenizer()
+    model, tokenizer = server_llama(), server_tokenizer()
     engine = Engine(model, tokenizer, EngineConfig(max_queue=1))  # never started: nothing drains
     app = create_app(engine, ServerSettings(MODEL, "autoregressive"))
     body = {"model": MODEL, "prompt": [5, 6], "max_tokens": 4, "temperature": 0, "stream": True}

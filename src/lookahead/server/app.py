@@ -57,7 +57,6 @@ from lookahead.server.protocol import (
 logger = logging.getLogger(__name__)
 
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
-_SAMPLING_KEYS = ("do_sample", "temperature", "top_k", "top_p", "seed", "eos_token_id")
 
 
 class ApiError(Exception):
@@ -103,6 +102,7 @@ def create_app(engine: Engine, settings: ServerSettings) -> FastAPI:
         status = 200 if engine.alive else 503
         body = {"status": "ok" if engine.alive else "engine stopped",
                 "running": engine.running_count, "waiting": engine.waiting_count,
+                "active": engine.active_count,
                 "step_budget": engine.budget.table()}
         return JSONResponse(body, status_code=status)
 
@@ -159,7 +159,7 @@ async def _serve(request: Request, body, input_ids, chat: bool) -> Response:
 
 
 def _decoder(engine: Engine, settings: ServerSettings, body, input_ids, chat: bool):
-    """The request's ``Decoder``; every invalid argument becomes a 400 naming its field."""
+    """The request's ``Decoder`` and method; every invalid argument is a 400 naming its field."""
     prompt_param = "messages" if chat else "prompt"
     context = getattr(engine.model.config, "max_position_embeddings", None)
     prompt_len = input_ids.shape[1]
@@ -167,41 +167,53 @@ def _decoder(engine: Engine, settings: ServerSettings, body, input_ids, chat: bo
         raise ApiError(400, "the prompt encodes to no tokens", prompt_param)
     if context is not None and prompt_len >= context:
         raise ApiError(400, f"This model's maximum context length is {context} tokens; the "
-                       f"prompt has {prompt_len} tokens", prompt_param, code="context_length_exceeded")
+                       f"prompt has {prompt_len} tokens", prompt_param,
+                       code="context_length_exceeded")
     max_tokens = body.token_limit if chat else body.max_tokens
-    if max_tokens is None:
+    if max_tokens is None:  # OpenAI's defaults: 16 for completions, the context's rest for chat
         room = (context - prompt_len) if context is not None else 1 << 30
         max_tokens = room if chat else min(COMPLETION_DEFAULT_MAX_TOKENS, room)
+    method, options = _method_options(settings, body)
+    try:
+        decoder = make_decoder(engine.model, input_ids, max_tokens, method, **options)
+    except (ValueError, TypeError) as error:
+        raise ApiError(400, str(error), _param_of(str(error))) from None
+    return decoder, method
+
+
+_BODY_SAMPLING = ("do_sample", "temperature", "top_k", "top_p", "seed")
+_SERVER_ONLY = ("draft_model", "eos_token_id")
+
+
+def _method_options(settings: ServerSettings, body) -> tuple[str, dict]:
+    """The method and ``make_decoder`` options: the server's defaults for its own method, the
+    request's ``lookahead`` field over them, then sampling from the body's own fields."""
     extra = body.lookahead
     method = extra.method or settings.method
     options = dict(settings.method_options) if method == settings.method else {}
     for key, value in extra.options.items():
-        if key in _SAMPLING_KEYS or key == "draft_model":
-            where = "at the top level of the body" if key in _SAMPLING_KEYS[:5] else "by the server"
-            raise ApiError(400, f"lookahead.{key} is not a per-request option; it is set {where}",
-                           f"lookahead.{key}")
+        if key in _BODY_SAMPLING or key in _SERVER_ONLY:
+            where = "the body's own fields" if key in _BODY_SAMPLING else "the server"
+            raise ApiError(400, f"lookahead.{key} is not a per-request option here; it is set "
+                           f"by {where}", f"lookahead.{key}")
         options[key] = value
     if method == "draft":
         if settings.draft_model is None:
             raise ApiError(400, "method 'draft' needs the server started with --draft-model",
                            "lookahead.method")
         options["draft_model"] = settings.draft_model
-    if body.temperature > 0:
+    if body.temperature > 0:  # 0 is greedy, as in the OpenAI API
         options.update(do_sample=True, temperature=body.temperature, top_p=body.top_p,
                        top_k=body.top_k, seed=body.seed)
     if extra.ignore_eos:
         options["eos_token_id"] = []
-    try:
-        decoder = make_decoder(engine.model, input_ids, max_tokens, method, **options)
-    except (ValueError, TypeError) as error:
-        raise ApiError(400, str(error), _param_of(str(error), chat)) from None
-    return decoder, method
+    return method, options
 
 
 _TOP_LEVEL = {"temperature", "top_p", "top_k", "seed"}
 
 
-def _param_of(message: str, chat: bool) -> str | None:
+def _param_of(message: str) -> str | None:
     """The request field a library error message is about (its messages start with it)."""
     if message.startswith("unknown option"):
         return "lookahead"

@@ -21,7 +21,8 @@ plain batched decoding). Below the ceiling the policy picks a share k from the l
   not always filled (the proposals may be shorter), so N is ``n`` times the tokens a request
   actually fed per step at that share, on average.
 
-Until both are known (a few steps at a few sizes) the ceiling is used. A fraction
+A request alone always gets the ceiling. Until both are known (a few steps at a few sizes)
+the ceiling is used too. A fraction
 ``explore`` of the steps tries a share one rung above or below the best, so that gains at
 untried shares get measured and the choice follows the load as it changes.
 
@@ -48,8 +49,9 @@ class _Average:
     count: int = 0
 
     def add(self, x: float, smoothing: float) -> None:
-        self.value = x if self.count == 0 else self.value + smoothing * (x - self.value)
+        """A plain mean of the first 1 / smoothing values, a moving average after them."""
         self.count += 1
+        self.value += max(smoothing, 1.0 / self.count) * (x - self.value)
 
 
 @dataclass
@@ -92,7 +94,10 @@ class BudgetPolicy:
     def choose(self, methods: Sequence[str]) -> int:
         """The share of each of the running requests (``methods``: each one's method)."""
         levels = self.levels(len(methods))
-        if not self.adaptive or len(levels) == 1:
+        if not self.adaptive or len(levels) == 1 or len(methods) == 1:
+            # Alone, a request decodes exactly as ``lookahead.generate`` would: the whole
+            # budget is its own, and a proposer with state (the lookahead window) only pays
+            # off when its share holds from step to step, which single trial steps cannot show.
             return levels[-1]
         scores = {k: s for k in levels if (s := self.predicted_rate(methods, k)) is not None}
         best = len(levels) - 1  # until two shares can be compared: the fixed rule

@@ -239,6 +239,7 @@ class Engine:
                                    self.config.explore)
         self._ids = itertools.count()
         self._stopping = False
+        self._live = 0  # submitted and not yet retired (guarded by _wakeup)
         self._thread: threading.Thread | None = None
 
     # ------------------------------------------------------------------ caller's side
@@ -269,8 +270,9 @@ class Engine:
 
     @property
     def active_count(self) -> int:
-        """Requests submitted and not yet finished or cancelled."""
-        return self.running_count + self.waiting_count
+        """Requests submitted and not yet retired. A request is retired after its last event,
+        once the engine holds nothing of it (its cache row is freed)."""
+        return self._live
 
     def submit(self, decoder: Decoder, *, stop: Sequence[str] = (), method: str = "",
                loop: asyncio.AbstractEventLoop | None = None) -> RequestHandle:
@@ -288,6 +290,7 @@ class Engine:
                     f"{self.config.max_queue}); retry later"
                 )
             self._waiting.append(request)
+            self._live += 1
             self._wakeup.notify_all()
         return handle
 
@@ -322,6 +325,7 @@ class Engine:
             self._waiting = deque(r for r in self._waiting if not r.handle.cancelled)
         for request in gone:
             self._finish(request, "cancelled")
+        self._retire(len(gone))
         # 2. Prefill new requests while the batch has room.
         self._admit()
         # 3. One forward pass for every running request's step.
@@ -330,24 +334,32 @@ class Engine:
 
     def _admit(self) -> None:
         spent = 0
-        while len(self._running) < self.config.max_batch_size and spent < self.config.prefill_token_budget:
+        while (len(self._running) < self.config.max_batch_size
+               and spent < self.config.prefill_token_budget):
             with self._wakeup:
                 if not self._waiting:
                     return
                 request = self._waiting.popleft()
             spent += len(request.decoder.prompt)
-            try:
-                committed = request.decoder._prefill()
-            except Exception as error:
-                logger.exception("prefill of %s failed", request.handle.id)
-                self._fail(request, error)
-                continue
+            if not self._prefill(request):
+                self._retire(1)
+
+    def _prefill(self, request: _Request) -> bool:
+        """Run the prompt alone (its first token) and add its cache as a row; False when the
+        request ended there (done at its first token, or failed)."""
+        try:
+            committed = request.decoder._prefill()
             self.metrics.prompt_tokens.inc(len(request.decoder.prompt))
             if self._deliver(request, committed):
-                continue
+                return False
             self._cache.add_row(request.decoder.cache)
-            request.decoder.cache = None  # the batch owns the entries now
-            self._running.append(request)
+        except Exception as error:
+            logger.exception("prefill of %s failed", request.handle.id)
+            self._fail(request, error)
+            return False
+        request.decoder.cache = None  # the batch owns the entries now
+        self._running.append(request)
+        return True
 
     def _step(self) -> None:
         started = time.perf_counter()
@@ -468,12 +480,14 @@ class Engine:
             elif reason is not None:
                 self._finish(self._running[row], reason)
         gone = set(rows)
-        self._running = [r for i, r in enumerate(self._running) if i not in gone]
-        if self._running:
+        remaining = [r for i, r in enumerate(self._running) if i not in gone]
+        if remaining:
             self._cache.remove_rows(rows)
         else:
             self._cache.clear()
             release_free_memory()
+        self._running = remaining
+        self._retire(len(gone))  # last: an idle engine (active_count 0) has freed its cache
 
     def _shut_down(self) -> None:
         error = EngineClosedError("the server is shutting down")
@@ -482,3 +496,8 @@ class Engine:
             waiting, self._waiting = list(self._waiting), deque()
         for request in waiting:
             self._fail(request, error)
+        self._retire(len(waiting))
+
+    def _retire(self, count: int) -> None:
+        with self._wakeup:
+            self._live -= count

@@ -228,11 +228,11 @@ async def _server_rss(client) -> int | None:
 
 
 async def _wait_idle(client, timeout: float = 30.0) -> bool:
-    """Wait until the server reports no running or waiting request (cancellations land)."""
+    """Wait until the server holds no request any more (cancellations have landed)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         health = (await client.get("/health")).json()
-        if health.get("running", 0) == 0 and health.get("waiting", 0) == 0:
+        if health.get("active", health.get("running", 0) + health.get("waiting", 0)) == 0:
             return True
         await asyncio.sleep(0.2)
     return False
@@ -277,6 +277,7 @@ def _plot(cells: list[Cell], out: Path) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker
 
     methods = sorted({c.method for c in cells}, key=[c.method for c in cells].index)
     figures = [("throughput.png", "throughput (tokens/s)", [("throughput", "-")]),
@@ -284,7 +285,7 @@ def _plot(cells: list[Cell], out: Path) -> None:
                ("latency.png", "latency (s)", [("latency_p50", "-"), ("latency_p95", "--")])]
     for name, ylabel, series in figures:
         fig, ax = plt.subplots(figsize=(6, 4))
-        for method in methods:
+        for color, method in enumerate(methods):
             rows = [c for c in cells if c.method == method]
             for field, style in series:
                 points = [(c.concurrency, getattr(c, field)) for c in rows
@@ -292,10 +293,13 @@ def _plot(cells: list[Cell], out: Path) -> None:
                 if points:
                     xs, ys = zip(*points)
                     suffix = "" if len(series) == 1 else f" {field.split('_')[-1]}"
-                    ax.plot(xs, ys, style, marker="o", label=method + suffix)
+                    ax.plot(xs, ys, style, color=f"C{color}", marker="o", label=method + suffix)
         ax.set_xlabel("concurrency")
         ax.set_ylabel(ylabel)
         ax.set_xscale("log", base=2)
+        ax.set_xticks(sorted({c.concurrency for c in cells}))
+        ax.xaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
+        ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
         ax.grid(True, alpha=0.3)
         ax.legend()
         fig.tight_layout()

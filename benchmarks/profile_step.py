@@ -91,7 +91,7 @@ def profile_phases(model, input_ids, shape, steps: int) -> dict[str, list[float]
     decoder = make_decoder(
         model, input_ids, steps * 8, "lookahead", window=shape[0], ngram=shape[1], guess=shape[2]
     )
-    decoder._prefill()
+    decoder.prefill()
     clock = Clock()
     time_update(decoder.proposer, clock)
     forward_tokens = []

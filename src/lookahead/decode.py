@@ -116,7 +116,7 @@ class Decoder:
 
     def __iter__(self) -> Iterator[list[int]]:
         start = time.perf_counter()
-        committed = self._prefill()
+        committed = self.prefill()
         self.stats.time_to_first_token = self.stats.seconds = time.perf_counter() - start
         yield committed
         while not self.finished:
@@ -130,7 +130,7 @@ class Decoder:
         return self.context[len(self.prompt) :]
 
     @torch.inference_mode()
-    def _prefill(self) -> list[int]:
+    def prefill(self) -> list[int]:
         """Run the prompt once (its KV stays cached for good) and choose the first token."""
         ids = torch.tensor([self.prompt], dtype=torch.long, device=self.model.device)
         out = self.model(input_ids=ids, past_key_values=self.cache, use_cache=True, logits_to_keep=1)

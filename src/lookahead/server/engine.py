@@ -348,7 +348,7 @@ class Engine:
         """Run the prompt alone (its first token) and add its cache as a row; False when the
         request ended there (done at its first token, or failed)."""
         try:
-            committed = request.decoder._prefill()
+            committed = request.decoder.prefill()
             self.metrics.prompt_tokens.inc(len(request.decoder.prompt))
             if self._deliver(request, committed):
                 return False

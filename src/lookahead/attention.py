@@ -144,27 +144,41 @@ def attention_mask(
     """The 4D additive mask [1, 1, T, past_len + T] the model's public forward accepts.
 
     The cached prefix holds positions ``0 .. past_len - 1`` in order, so it is visible to all.
-    Models with sliding-window layers get the window applied by position; those that name
-    their layer types (Gemma 2/3, Qwen 2/3) take one mask per type.
     """
     t = visible.shape[0]
-    allowed = torch.ones(t, past_len + t, dtype=torch.bool)
-    allowed[:, past_len:] = visible
+    allowed = torch.ones(1, t, past_len + t, dtype=torch.bool)
+    allowed[0, :, past_len:] = visible
+    key_positions = torch.cat([torch.arange(past_len), position_ids[0]]).unsqueeze(0)
+    return batched_attention_mask(config, allowed, position_ids, key_positions, dtype)
+
+
+def batched_attention_mask(
+    config,
+    allowed: torch.Tensor,
+    query_positions: torch.Tensor,
+    key_positions: torch.Tensor,
+    dtype: torch.dtype,
+) -> torch.Tensor | dict[str, torch.Tensor]:
+    """Bool [B, T, K] (query may see key) -> additive [B, 1, T, K].
+
+    Models with sliding-window layers get the window applied by position (query_positions
+    [B, T], key_positions [B, K]); those that name their layer types (Gemma 2/3, Qwen 2/3)
+    take one mask per type.
+    """
     full = _additive(allowed, dtype)
     window = getattr(config, "sliding_window", None)
     layer_types = getattr(config, "layer_types", None)
     if window is None or (layer_types is not None and "sliding_attention" not in layer_types):
         return full
-    query_pos = position_ids[0].unsqueeze(1)
-    key_pos = torch.cat([torch.arange(past_len), position_ids[0]]).unsqueeze(0)
-    windowed = _additive(allowed & (query_pos - key_pos < window), dtype)
+    near = query_positions.unsqueeze(2) - key_positions.unsqueeze(1) < window
+    windowed = _additive(allowed & near, dtype)
     if layer_types is None:
         return windowed
     return {"full_attention": full, "sliding_attention": windowed}
 
 
 def _additive(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """Bool [T, S] -> additive float [1, 1, T, S]: 0 where allowed, the dtype's min elsewhere."""
+    """Bool [B, T, K] -> additive float [B, 1, T, K]: 0 where allowed, the dtype's min elsewhere."""
     mask = torch.zeros(allowed.shape, dtype=dtype)
     mask.masked_fill_(~allowed, torch.finfo(dtype).min)
-    return mask[None, None]
+    return mask.unsqueeze(1)

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import torch
 from transformers import DynamicCache
 
-from lookahead.attention import StepLayout
+from lookahead.attention import StepLayout, batched_attention_mask
 
 
 @dataclass(frozen=True)
@@ -217,36 +217,6 @@ class BatchedCache:
             layer.values = layer.values[:, :, :width].contiguous()
         self.valid = self.valid[:, :width]
         self.positions = self.positions[:, :width]
-
-
-def batched_attention_mask(
-    config,
-    allowed: torch.Tensor,
-    query_positions: torch.Tensor,
-    key_positions: torch.Tensor,
-    dtype: torch.dtype,
-) -> torch.Tensor | dict[str, torch.Tensor]:
-    """Bool [B, T, K] -> additive [B, 1, T, K]; the batched twin of ``attention.attention_mask``.
-
-    Models with sliding-window layers get the window applied by position (query_positions
-    [B, T], key_positions [B, K]); those that name their layer types take one mask per type.
-    """
-    full = _additive(allowed, dtype)
-    window = getattr(config, "sliding_window", None)
-    layer_types = getattr(config, "layer_types", None)
-    if window is None or (layer_types is not None and "sliding_attention" not in layer_types):
-        return full
-    near = query_positions.unsqueeze(2) - key_positions.unsqueeze(1) < window
-    windowed = _additive(allowed & near, dtype)
-    if layer_types is None:
-        return windowed
-    return {"full_attention": full, "sliding_attention": windowed}
-
-
-def _additive(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    mask = torch.zeros(allowed.shape, dtype=dtype)
-    mask.masked_fill_(~allowed, torch.finfo(dtype).min)
-    return mask.unsqueeze(1)
 
 
 def _pad(tensor: torch.Tensor, width: int) -> torch.Tensor:

@@ -31,7 +31,7 @@ METHOD_OPTIONS = {
     "lookahead": ("window", "ngram", "guess", "prompt_pool", "output_pool", "lookup_ngram",
                   "lookup_tokens"),
     "prompt_lookup": ("num_draft_tokens", "max_ngram", "min_ngram"),
-    "draft": ("draft_model", "num_draft_tokens"),
+    "draft": ("draft_model", "num_draft_tokens", "lookup_tokens", "lookup_ngram"),
 }
 
 
@@ -71,7 +71,7 @@ def generate(model, input_ids, max_new_tokens: int = 256, method: str = "lookahe
 
     ``method`` is "autoregressive", "lookahead" (options window, ngram, guess, prompt_pool,
     output_pool), "prompt_lookup" (num_draft_tokens, max_ngram, min_ngram) or "draft"
-    (draft_model, num_draft_tokens). Sampling options for every method: do_sample,
+    (draft_model, num_draft_tokens, lookup_tokens, lookup_ngram). Sampling options for every method: do_sample,
     temperature, top_k, top_p, seed; ``eos_token_id`` overrides the model's own.
     Greedy output is token-for-token that of ``model.generate(do_sample=False)``.
     """

@@ -87,12 +87,22 @@ class PromptLookupConfig:
 
 @dataclass(frozen=True)
 class DraftConfig:
-    """Draft-model speculative decoding: a small model proposes ``num_draft_tokens`` per step."""
+    """Draft-model speculative decoding: a small model proposes ``num_draft_tokens`` per step.
+
+    When greedy, the draft model speeds up its own drafting with prompt lookup: each draft
+    forward also checks up to ``lookup_tokens`` tokens copied from earlier text after a matching
+    n-gram (``lookup_ngram`` down to 1), so several draft tokens can come from one draft forward.
+    The drafted tokens are exactly those of plain greedy drafting; 0 turns this off.
+    """
 
     num_draft_tokens: int = 5
+    lookup_tokens: int = 8
+    lookup_ngram: int = 3
 
     def __post_init__(self) -> None:
         check_int("num_draft_tokens", self.num_draft_tokens, 1, MAX_DRAFT_TOKENS)
+        check_int("lookup_tokens", self.lookup_tokens, 0, MAX_DRAFT_TOKENS)
+        check_int("lookup_ngram", self.lookup_ngram, 1, MAX_NGRAM)
 
 
 @dataclass(frozen=True)

@@ -7,16 +7,18 @@ import torch
 from lookahead.cache import keep_new, new_cache
 from lookahead.config import DraftConfig, SamplingConfig
 from lookahead.proposers.base import Proposal, StepOutcome
+from lookahead.proposers.prompt_lookup import find_continuation
 from lookahead.verify import argmax, warp
 
 
 class DraftProposer:
-    """Runs ``draft_model`` autoregressively for ``num_draft_tokens`` tokens each step.
+    """Runs ``draft_model`` for ``num_draft_tokens`` tokens each step.
 
     The draft keeps its own KV cache of the committed text; after each step it keeps the
     entries of the drafted tokens the target accepted and drops the rest. When sampling, each
     draft token is drawn from the draft's warped distribution q, which the verifier needs for
-    its ``min(1, p/q)`` rule.
+    its ``min(1, p/q)`` rule. When greedy, the draft verifies prompt-lookup guesses in its own
+    forward passes (see ``DraftConfig``), which yields the same tokens in fewer draft passes.
     """
 
     def __init__(
@@ -33,6 +35,7 @@ class DraftProposer:
         self.cache = new_cache()
         self._cached = 0  # tokens of the committed text in the draft cache
         self._drafted = 0  # tokens drafted in the last step
+        self.forwards = 0  # draft forward passes run, for statistics
 
     def start(self, prompt: list[int]) -> None:
         self.cache = new_cache()
@@ -46,27 +49,57 @@ class DraftProposer:
             return Proposal()
         feed = context[self._cached :]
         self._cached = len(context)
+        if self.sampling.do_sample:
+            tokens, probs = self._draft_sampled(feed, length)
+            return Proposal([tokens], draft_probs=[probs])
+        return Proposal([self._draft_greedy(context, feed, length)])
+
+    def _forward(self, ids: list[int], rows: int) -> torch.Tensor:
+        """Feed ``ids`` after the cache; logits [rows, V] of the last ``rows`` inputs."""
+        self.forwards += 1
+        tensor = torch.tensor([ids], dtype=torch.long, device=self.model.device)
+        out = self.model(input_ids=tensor, past_key_values=self.cache, use_cache=True,
+                         logits_to_keep=rows)
+        return out.logits[0]
+
+    def _draft_sampled(self, feed: list[int], length: int) -> tuple[list[int], torch.Tensor]:
+        """``length`` tokens drawn one forward at a time, and q: [length, V] they came from."""
         tokens, probs = [], []
         for _ in range(length):
-            ids = torch.tensor([feed], dtype=torch.long, device=self.model.device)
-            logits = self.model(input_ids=ids, past_key_values=self.cache, use_cache=True,
-                                logits_to_keep=1).logits[0, -1]
-            if self.sampling.do_sample:
-                q = warp(logits, self.sampling).cpu()  # the generator is a CPU one
-                token = int(torch.multinomial(q, 1, generator=self.generator))
-                probs.append(q)
-            else:
-                token = int(argmax(logits))
+            q = warp(self._forward(feed, 1)[-1], self.sampling).cpu()  # CPU generator
+            token = int(torch.multinomial(q, 1, generator=self.generator))
             tokens.append(token)
+            probs.append(q)
             feed = [token]
-        draft_probs = [torch.stack(probs)] if probs else None
-        return Proposal([tokens], draft_probs=draft_probs)
+        return tokens, torch.stack(probs)
+
+    def _draft_greedy(self, context: list[int], feed: list[int], length: int) -> list[int]:
+        """The draft's greedy continuation of ``context``, ``length`` tokens long.
+
+        Each pass feeds the pending tokens plus a guess copied from earlier text; the draft's
+        own argmax keeps the guess's matching prefix and adds one token, so the result is
+        plain greedy drafting. The cache keeps only the entries of tokens that were kept.
+        """
+        tokens: list[int] = []
+        while len(tokens) < length:
+            room = min(self.config.lookup_tokens, length - len(tokens) - 1)
+            guess = find_continuation(context + tokens, self.config.lookup_ngram, 1, room) \
+                if room > 0 else []
+            before = self.cache.get_seq_length()
+            preds = argmax(self._forward(feed + guess, len(guess) + 1)).tolist()
+            hits = 0
+            while hits < len(guess) and preds[hits] == guess[hits]:
+                hits += 1
+            keep_new(self.cache, before, list(range(len(feed) + hits)))
+            tokens += preds[: hits + 1]
+            feed = [tokens[-1]]
+        return tokens[:length]
 
     def update(self, context: list[int], outcome: StepOutcome) -> None:
         if self._drafted == 0:
             return
-        # The cache holds the text before this step, then the first drafted - 1 drafted
-        # tokens (the last one was never fed). Keep those the target accepted.
+        # The cache holds the text before this step, then at least the first drafted - 1
+        # drafted tokens (the last one was never fed). Keep those the target accepted.
         valid = min(outcome.accepted, self._drafted - 1)
         keep_new(self.cache, self._cached, list(range(valid)))
         self._cached += valid

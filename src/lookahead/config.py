@@ -95,7 +95,7 @@ class DraftConfig:
     The drafted tokens are exactly those of plain greedy drafting; 0 turns this off.
     """
 
-    num_draft_tokens: int = 5
+    num_draft_tokens: int = 8
     lookup_tokens: int = 8
     lookup_ngram: int = 3
 

@@ -77,7 +77,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="draft tokens of prompt lookup, ours and HF's (default 10)",
     )
     parser.add_argument(
-        "--draft-tokens", type=positive_int, default=5, help="tokens per step of 'draft' (5)"
+        "--draft-tokens", type=positive_int, default=8, help="tokens per step of 'draft' (8)"
     )
     parser.add_argument("--out", default="bench-out", help="output folder (default bench-out)")
     parser.add_argument("--no-warmup", action="store_true", help="skip the warm-up runs")

@@ -17,9 +17,9 @@ from rich.console import Console
 import lookahead
 from lookahead.commands.common import (
     TextDelta,
+    add_max_new_tokens,
     add_method_args,
     add_model_args,
-    int_in,
     load,
     set_handler,
     stats_line,
@@ -39,13 +39,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     add_model_args(parser, default=None)
     add_method_args(parser)
-    parser.add_argument(
-        "--max-new-tokens",
-        type=int_in(1, 1 << 20),
-        default=512,
-        metavar="N",
-        help="longest answer (default: 512)",
-    )
+    add_max_new_tokens(parser, default=512, help="longest answer")
     parser.add_argument(
         "--debug",
         action="store_true",

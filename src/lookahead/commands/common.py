@@ -123,6 +123,17 @@ def add_model_args(parser: argparse.ArgumentParser, *, default: str | None = DEF
     )
 
 
+def add_max_new_tokens(parser: argparse.ArgumentParser, *, default: int, help: str = "") -> None:
+    """``--max-new-tokens N`` (an int in [1, 2**20])."""
+    parser.add_argument(
+        "--max-new-tokens",
+        type=int_in(1, 1 << 20),
+        default=default,
+        metavar="N",
+        help=f"{help + ' ' if help else ''}(default: {default})",
+    )
+
+
 def add_method_args(parser: argparse.ArgumentParser, *, default: str = "lookahead") -> None:
     """``--method`` with each method's options, and the sampling options."""
     group = parser.add_argument_group("decoding method")

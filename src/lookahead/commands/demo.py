@@ -16,6 +16,7 @@ from rich.table import Table
 
 import lookahead
 from lookahead.commands.common import (
+    add_max_new_tokens,
     add_model_args,
     encode_text,
     int_in,
@@ -52,13 +53,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "lookahead decoding; print both speeds and check that the outputs are identical.",
     )
     add_model_args(parser)
-    parser.add_argument(
-        "--max-new-tokens",
-        type=int_in(1, 1 << 20),
-        default=256,
-        metavar="N",
-        help="(default: 256)",
-    )
+    add_max_new_tokens(parser, default=256)
     parser.add_argument(
         "--prompt",
         metavar="TEXT",

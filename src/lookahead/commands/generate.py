@@ -14,10 +14,10 @@ import lookahead
 from lookahead.commands.common import (
     TextDelta,
     UsageError,
+    add_max_new_tokens,
     add_method_args,
     add_model_args,
     encode_text,
-    int_in,
     load,
     set_handler,
 )
@@ -34,13 +34,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("prompt", metavar="PROMPT", help="the prompt text; - reads it from stdin")
     add_model_args(parser, default=None)
     add_method_args(parser)
-    parser.add_argument(
-        "--max-new-tokens",
-        type=int_in(1, 1 << 20),
-        default=256,
-        metavar="N",
-        help="(default: 256)",
-    )
+    add_max_new_tokens(parser, default=256)
     parser.add_argument(
         "--chat",
         action="store_true",

@@ -272,11 +272,15 @@ def test_ngram_pool_add_all_from_start():
 
 def test_find_continuation_examples():
     assert find_continuation([1, 2, 3, 4, 9, 2, 3], 2, 1, 2) == [4, 9]  # the docstring's
-    # The latest earlier occurrence wins, never the suffix itself.
-    assert find_continuation([1, 2, 7, 1, 2, 8, 1, 2], 2, 1, 2) == [8, 1]
-    # Longest n first: "1 2" occurred followed by 9; "2" alone last occurred followed by 7.
-    assert find_continuation([1, 2, 9, 4, 2, 7, 1, 2], 2, 1, 3) == [9, 4, 2]
-    assert find_continuation([1, 2, 9, 4, 2, 7, 1, 2], 1, 1, 3) == [7, 1, 2]
+    # The first earlier occurrence wins, never the suffix itself.
+    assert find_continuation([1, 2, 7, 1, 2, 8, 1, 2], 2, 1, 2) == [7, 1]
+    # Longest n first: "9 4 2" first occurred followed by 7; "4 2" first by 8.
+    assert find_continuation([4, 2, 8, 9, 4, 2, 7, 9, 4, 2], 3, 1, 2) == [7, 9]
+    assert find_continuation([4, 2, 8, 9, 4, 2, 7, 9, 4, 2], 2, 1, 2) == [8, 9]
+    assert find_continuation([5, 4, 2, 8, 2, 7, 1, 4, 2], 2, 1, 3) == [8, 2, 7]
+    assert find_continuation([5, 4, 2, 8, 2, 7, 1, 4, 2], 1, 1, 3) == [8, 2, 7]
+    assert find_continuation([5, 2, 6, 4, 2, 8, 1, 4, 2], 2, 1, 2) == [8, 1]
+    assert find_continuation([5, 2, 6, 4, 2, 8, 1, 4, 2], 1, 1, 2) == [6, 4]
     # min_ngram bounds the fallback.
     assert find_continuation([5, 2, 9, 4, 2], 3, 2, 3) == []
     assert find_continuation([5, 2, 9, 4, 2], 3, 1, 3) == [9, 4, 2]
@@ -292,7 +296,7 @@ def brute_force_continuation(tokens, max_ngram, min_ngram, length):
         if len(tokens) <= n:
             continue
         suffix = tokens[-n:]
-        for i in range(len(tokens) - n - 1, -1, -1):
+        for i in range(len(tokens) - n):
             if tokens[i : i + n] == suffix:
                 return tokens[i + n : i + n + length]
     return []

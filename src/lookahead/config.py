@@ -38,7 +38,7 @@ class LookaheadConfig:
     prompt_pool: seed the n-gram pool with the prompt's own n-grams.
     output_pool: also add the n-grams of the accepted output as it grows.
     lookup_ngram: besides the pool's n-grams keyed by the last token alone, also verify the
-        N - 1 tokens that followed the latest earlier occurrence of the text's last
+        N - 1 tokens that followed the first earlier occurrence of the text's last
         ``lookup_ngram`` (down to 2) tokens; 0 turns this off. A longer match predicts better
         than one token of context.
     lookup_tokens: how many tokens that continuation may have (a repeated passage can be
@@ -72,7 +72,7 @@ class LookaheadConfig:
 
 @dataclass(frozen=True)
 class PromptLookupConfig:
-    """Prompt lookup decoding: copy the tokens that followed the latest earlier occurrence of the
+    """Prompt lookup decoding: copy the tokens that followed the first earlier occurrence of the
     text's last n-gram (n from ``max_ngram`` down to ``min_ngram``)."""
 
     num_draft_tokens: int = 10

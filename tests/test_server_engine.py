@@ -312,11 +312,37 @@ def test_budget_policy_settles_on_the_share_that_pays_best() -> None:
     assert chosen[-100:].count(4) >= 80  # ... and settles on the best share
     assert policy.table()["gain lookahead@4"] == 2.0
     # Four requests (shares up to 16): 4 is best again (4 * 2.0 / 0.066 s beats
-    # 4 * 2.3 / 0.082 s at 8), its neighbours explored. Alone, a request gets the whole budget.
-    assert {policy.choose(["lookahead"] * 4) for _ in range(50)} == {2, 4, 8}
+    # 4 * 2.3 / 0.082 s at 8), its neighbours and plain decoding explored. Alone, a request
+    # gets the whole budget.
+    assert {policy.choose(["lookahead"] * 4) for _ in range(100)} == {1, 2, 4, 8}
     assert policy.choose(["lookahead"]) == 64
     # Plain decoding gains nothing from a share: a batch of it takes one token each.
     assert sum(policy.choose(["autoregressive"] * 8) == 1 for _ in range(100)) >= 85
+
+
+def test_budget_policy_falls_back_to_plain_decoding_when_speculation_measures_slower() -> None:
+    """The cost line is fitted on 1 to 8 requests, where a step costs 50 ms + 1 ms per token,
+    so it predicts that 16 requests gain from a share of 2. But 16 requests pay 4 ms each for
+    their proposals, which the line cannot see: measured, one token each is faster, and the
+    policy must settle there."""
+    policy = BudgetPolicy(64, explore=0.1, seed=3)
+    gain = {1: 1.0, 2: 1.6, 4: 2.0, 8: 2.2, 16: 2.3, 32: 2.4, 64: 2.5}
+    for _ in range(200):
+        for running in (1, 2, 4, 8):
+            batch = ["lookahead"] * running
+            share = policy.choose(batch)
+            policy.observe(batch, share, [gain[share]] * running, forward_tokens=running * share,
+                           seconds=0.05 + 0.001 * running * share)
+    batch = ["lookahead"] * 16
+    assert policy.predicted_rate(batch, 2) > 1.2 * policy.predicted_rate(batch, 1)  # the line
+    chosen = []
+    for _ in range(300):
+        share = policy.choose(batch)
+        chosen.append(share)
+        seconds = 0.05 + 0.001 * 16 * share + (0.004 * 16 if share > 1 else 0.0)
+        policy.observe(batch, share, [gain[share]] * 16, forward_tokens=16 * share,
+                       seconds=seconds)
+    assert chosen[-100:].count(1) >= 80
 
 
 def test_sliding_window_model_in_a_batch(tokenizer) -> None:

@@ -157,6 +157,9 @@ class Decoder:
         pass between requests. The window goes first, then candidates beyond the budget.
         """
         room = self.max_new_tokens - self.stats.new_tokens - 1  # the bonus token needs one
+        if budget is not None:
+            # Deeper candidates would be cut anyway; a draft model is spared their passes.
+            room = min(room, budget - 1)
         proposal = self.proposer.propose(self.context, max_tokens=room)
         depth = self._depth_limit(past)
         if depth is not None:

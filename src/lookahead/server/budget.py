@@ -22,9 +22,13 @@ plain batched decoding). Below the ceiling the policy picks a share k from the l
   actually fed per step at that share, on average.
 
 A request alone always gets the ceiling. Until both are known (a few steps at a few sizes)
-the ceiling is used too. A fraction
-``explore`` of the steps tries a share one rung above or below the best, so that gains at
-untried shares get measured and the choice follows the load as it changes.
+the ceiling is used too. The model can be wrong where costs it does not see grow with the
+batch (per-request work, padding, cache columns), so it is checked against what happened:
+the committed tokens per second and request of steps actually run, per share and group of
+batch sizes (1, 2-3, 4-7, 8-15, ...). When the share the model picks has measured slower than
+one token per request in this group, plain batched decoding is used instead. A fraction
+``explore`` of the steps tries a share one rung above or below the best, or one token each, so
+that gains at untried shares get measured and the choice follows the load as it changes.
 
 Example: ``policy.choose(["lookahead"] * 8)`` -> 4; after the step, ``policy.observe(
 ["lookahead"] * 8, 4, committed=[3, 1, 2, 4, 1, 5, 2, 3], forward_tokens=32, seconds=0.09)``.
@@ -40,7 +44,13 @@ from dataclasses import dataclass, field
 NON_SPECULATIVE = frozenset({"autoregressive"})
 
 _MIN_COST_POINTS = 8  # steps before the cost line is trusted
+_MIN_RATE_STEPS = 3  # steps at a (batch size, share) before its measured rate can veto
 _MIN_SPREAD = 2.0  # ... and the largest step must be this many times the smallest
+
+
+def _size_group(running: int) -> int:
+    """Batch sizes are grouped by powers of two (1, 2, 4, 8, 16, ...) for measured rates."""
+    return 1 << (max(running, 1).bit_length() - 1)
 
 
 @dataclass
@@ -71,6 +81,7 @@ class BudgetPolicy:
     forgetting: float = 0.98
     seed: int = 0
     _gain: dict[tuple[str, int], _Average] = field(default_factory=dict, repr=False)
+    _rate: dict[tuple[int, int], _Average] = field(default_factory=dict, repr=False)
     _width: dict[int, _Average] = field(default_factory=dict, repr=False)
     _sums: list[float] = field(default_factory=lambda: [0.0] * 5, repr=False)
     _points: int = field(default=0, repr=False)
@@ -103,8 +114,11 @@ class BudgetPolicy:
         best = len(levels) - 1  # until two shares can be compared: the fixed rule
         if len(scores) >= 2:
             best = levels.index(max(scores, key=scores.get))
+        if self._slower_than_plain(len(methods), levels[best]):
+            best = 0
         if self._random.random() < self.explore:
-            best += self._random.choice((-1, 1))
+            # A neighbouring share, or plain decoding: the rate that any share must beat.
+            best = self._random.choice((best - 1, best + 1, 0))
         return levels[min(max(best, 0), len(levels) - 1)]
 
     def predicted_rate(self, methods: Sequence[str], share: int) -> float | None:
@@ -117,6 +131,17 @@ class BudgetPolicy:
         if any(g is None for g in gains):
             return None
         return sum(gains) / cost
+
+    def _slower_than_plain(self, running: int, share: int) -> bool:
+        """Whether steps of ``running`` requests at ``share`` committed fewer tokens per second
+        than steps of them at one token each, as measured (False until both are known)."""
+        group = _size_group(running)
+        spec, plain = self._rate.get((group, share)), self._rate.get((group, 1))
+        if share == 1 or spec is None or plain is None:
+            return False
+        if min(spec.count, plain.count) < _MIN_RATE_STEPS:
+            return False
+        return spec.value < plain.value
 
     def _gain_of(self, method: str, share: int) -> float | None:
         if share == 1 or method in NON_SPECULATIVE:
@@ -134,6 +159,9 @@ class BudgetPolicy:
             for method, count in zip(methods, committed):
                 if method not in NON_SPECULATIVE:
                     self._gain.setdefault((method, share), _Average()).add(count, self.smoothing)
+        # Per request, so that batch sizes of one group (8 to 15, say) can share the average.
+        rate = self._rate.setdefault((_size_group(len(methods)), share), _Average())
+        rate.add(sum(committed) / seconds / len(methods), self.smoothing)
         width = forward_tokens / len(methods)
         self._width.setdefault(share, _Average()).add(width, self.smoothing)
         decay, x = self.forgetting, float(forward_tokens)
@@ -159,6 +187,7 @@ class BudgetPolicy:
     def forget(self) -> None:
         """Drop what was learnt (e.g. the slow first steps of a warm-up)."""
         self._gain.clear()
+        self._rate.clear()
         self._width.clear()
         self._sums = [0.0] * 5
         self._points = 0

@@ -42,21 +42,22 @@ def main(argv: list[str] | None = None) -> int:
     if load_profile(args.model, args.dtype) is None:
         parser.error(f"no tuning profile for {args.model} ({args.dtype}): run `lookahead tune`")
     shapes = {"default": dict(DEFAULT_SHAPE), "tuned": resolve_shape(args.model, args.dtype)}
-    runs = {"hf": MethodOptions()} | {
-        label: MethodOptions(lookahead=LookaheadConfig(**shape)) for label, shape in shapes.items()
+    # label -> (method, options)
+    runs = {"hf": ("hf", MethodOptions())} | {
+        label: ("lookahead", MethodOptions(lookahead=LookaheadConfig(**shape)))
+        for label, shape in shapes.items()
     }
     model, tokenizer = load_model(args.model, args.dtype)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     warm = encode_prompt(tokenizer, load_prompts(args.datasets[0], 1)[0])
-    for label, options in runs.items():
-        measure("hf" if label == "hf" else "lookahead", model, warm, 32, options, pad_token_id=pad)
+    for method, options in runs.values():
+        measure(method, model, warm, 32, options, pad_token_id=pad)
     # (dataset, label) -> [tokens, seconds, steps, forward tokens]
     totals: dict = defaultdict(lambda: [0, 0.0, 0, 0.0])
     for dataset in args.datasets:
         for prompt in load_prompts(dataset, args.limit):
             ids = encode_prompt(tokenizer, prompt)
-            for label, options in runs.items():
-                method = "hf" if label == "hf" else "lookahead"
+            for label, (method, options) in runs.items():
                 m = measure(method, model, ids, args.max_new_tokens, options, pad_token_id=pad)
                 forward = m.stats["mean_forward_tokens"] * m.steps if m.stats else m.steps
                 for i, value in enumerate((m.new_tokens, m.seconds, m.steps, forward)):

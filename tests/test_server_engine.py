@@ -107,19 +107,24 @@ def test_batched_greedy_equals_generate_alone(model, tokenizer, budget) -> None:
         engine.stop()
 
 
+def _check_against_generate(engine, model, cases, first_seed: int) -> None:
+    """Submit each (method, options, prompt length, new tokens) case at once, then check that
+    every output equals ``lookahead.generate`` alone."""
+    pending = []
+    for seed, (method, options, length, new) in enumerate(cases, start=first_seed):
+        ids = prompt_ids(seed, length)
+        want = lookahead.generate(model, ids, new, method, **options).new_tokens[0].tolist()
+        pending.append((engine.submit(make_decoder(model, ids, new, method, **options)), want))
+    for handle, want in pending:
+        assert _collect(handle)[1].token_ids == want
+
+
 def test_requests_arriving_mid_batch_and_compaction(model, tokenizer) -> None:
     """Late arrivals join a running batch; a small compaction threshold forces compactions."""
     config = EngineConfig(step_token_budget=32, compact_min_columns=8, max_batch_size=3)
     engine = Engine(model, tokenizer, config).start()
     try:
-        pending = []
-        for seed in range(5):
-            method, options, length, new = CASES[seed % len(CASES)]
-            ids = prompt_ids(100 + seed, length)
-            want = lookahead.generate(model, ids, new, method, **options).new_tokens[0].tolist()
-            pending.append((engine.submit(make_decoder(model, ids, new, method, **options)), want))
-        for handle, want in pending:
-            assert _collect(handle)[1].token_ids == want
+        _check_against_generate(engine, model, [CASES[i % len(CASES)] for i in range(5)], 100)
     finally:
         engine.stop()
 
@@ -279,13 +284,7 @@ def test_draft_model_requests_in_a_batch(model, tokenizer) -> None:
         cases = [("draft", {"draft_model": draft, "num_draft_tokens": 4}, 9, 30),
                  ("draft", {"draft_model": draft}, 14, 20),
                  ("lookahead", {}, 11, 25)]
-        pending = []
-        for seed, (method, options, length, new) in enumerate(cases):
-            ids = prompt_ids(300 + seed, length)
-            want = lookahead.generate(model, ids, new, method, **options).new_tokens[0].tolist()
-            pending.append((engine.submit(make_decoder(model, ids, new, method, **options)), want))
-        for handle, want in pending:
-            assert _collect(handle)[1].token_ids == want
+        _check_against_generate(engine, model, cases, 300)
     finally:
         engine.stop()
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from lookahead.cache import keep_new, new_cache
+from lookahead.cache import cache_length, keep_new, new_cache
 from lookahead.config import DraftConfig, SamplingConfig
 from lookahead.proposers.base import Proposal, StepOutcome
 from lookahead.proposers.prompt_lookup import find_continuation
@@ -85,7 +85,7 @@ class DraftProposer:
             room = min(self.config.lookup_tokens, length - len(tokens) - 1)
             guess = find_continuation(context + tokens, self.config.lookup_ngram, 1, room) \
                 if room > 0 else []
-            before = self.cache.get_seq_length()
+            before = cache_length(self.cache)
             preds = argmax(self._forward(feed + guess, len(guess) + 1)).tolist()
             hits = 0
             while hits < len(guess) and preds[hits] == guess[hits]:

@@ -210,7 +210,7 @@ def _method_options(settings: ServerSettings, body) -> tuple[str, dict]:
     return method, options
 
 
-_TOP_LEVEL = {"temperature", "top_p", "top_k", "seed"}
+_TOP_LEVEL = frozenset({"temperature", "top_p", "top_k", "seed"})
 
 
 def _param_of(message: str) -> str | None:
@@ -336,7 +336,7 @@ def _install_error_handlers(app: FastAPI) -> None:
                             status_code=500)
 
 
-_TYPE_TAGS = {"str", "int", "float", "bool", "dict", "list", "none"}
+_TYPE_TAGS = frozenset({"str", "int", "float", "bool", "dict", "list", "none"})
 
 
 def _param_of_loc(loc) -> str | None:

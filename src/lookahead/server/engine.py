@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
-import functools
 import itertools
 import logging
 import queue
@@ -200,7 +199,6 @@ def release_free_memory() -> None:
         libc.malloc_trim(0)
 
 
-@functools.cache
 def _libc():
     try:
         libc = ctypes.CDLL("libc.so.6")
@@ -391,7 +389,7 @@ class Engine:
             if finished:
                 done.append(row)
         seconds = time.perf_counter() - started
-        methods = [request.method for request in self._running]
+        methods = [request.method for request in self._running]  # _plan may have dropped some
         self.budget.observe(methods, budget, committed, batch.input_ids.numel(), seconds)
         logger.debug("step: %d requests x %d tokens (share %d) over %d cached columns: "
                      "%d tokens in %.1f ms", len(plans), batch.width, budget,

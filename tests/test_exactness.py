@@ -15,6 +15,8 @@ import torch
 import transformers
 
 import lookahead
+from lookahead.api import make_decoder
+from lookahead.cache import cache_length
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -452,3 +454,32 @@ def test_token_limit_inside_an_accepted_ngram(case_data, model_case):
             result = run(model, ids, limit, method_case, drafts)
             assert result.sequences.tolist() == ref.tolist(), (method_case, limit)
             assert result.stats.new_tokens == limit
+
+
+@pytest.mark.parametrize("method_case", ["autoregressive", "lookahead"])
+def test_padded_prefill_decodes_as_the_plain_prompt(tiny_lm, method_case):
+    """The server prefills prompts right-padded to a few lengths; the padding's entries must
+    leave the text unchanged and the cache holding exactly the prompt."""
+    model = tiny_lm("llama", seed=0)
+    ids = torch.tensor([[5, 6, 7, 8, 9, 10] * 3 + [5, 6]])
+    decoder = make_decoder(model, ids, 24, method_case.split("-")[0])
+    first = decoder.prefill(length=37)
+    assert cache_length(decoder.cache) == ids.shape[1] and decoder.stats.forward_tokens_per_step == [37]
+    while not decoder.finished:
+        decoder._step()
+    ref = reference(model, ids, 24)
+    assert first == decoder.new_tokens[:1]
+    assert [ids[0].tolist() + decoder.new_tokens] == ref.tolist()
+
+
+def test_padded_prefill_stays_within_the_original_rope_context(fresh_lm):
+    """Padding a 20-token prompt to 48 would cross a longrope model's switch at 32 and rotate
+    the prompt with the long factors; the padding stops at the switch instead."""
+    model = longrope_phi3(fresh_lm, original=32)
+    ids = torch.tensor([[5, 6, 7, 8, 9, 10] * 3 + [5, 6]])
+    decoder = make_decoder(model, ids, 12, "autoregressive")
+    decoder.prefill(length=48)
+    assert decoder.stats.forward_tokens_per_step == [32]
+    while not decoder.finished:
+        decoder._step()
+    assert [ids[0].tolist() + decoder.new_tokens] == reference(model, ids, 12).tolist()

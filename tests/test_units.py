@@ -27,6 +27,7 @@ from lookahead.proposers.base import NoProposer, Proposal, StepOutcome
 from lookahead.proposers.draft import DraftProposer
 from lookahead.proposers.lookahead import NGramPool, window_visibility
 from lookahead.proposers.prompt_lookup import find_continuation
+from lookahead.server.shapes import prefill_length, prefill_lengths
 from lookahead.stats import GenerationStats
 from lookahead.verify import verify_greedy, verify_sampling
 
@@ -623,3 +624,18 @@ def test_greedy_draft_with_lookup_drafts_the_same_tokens_in_fewer_passes(tiny_lm
             proposer.update(context, StepOutcome(committed, accepted))
     assert plain.forwards == 4 * 12
     assert fast.forwards < plain.forwards
+
+
+@given(st.integers(1, 100_000))
+def test_prefill_length_pads_by_at_most_a_quarter_to_few_lengths(tokens):
+    """The server's prefill shapes: never shorter than the prompt, at most 7 tokens or 25 %
+    longer, and four lengths per doubling (so few kernels are compiled and kept)."""
+    length = prefill_length(tokens)
+    assert tokens <= length <= max(tokens + 7, tokens * 5 // 4)
+    assert prefill_length(length) == length
+    assert prefill_lengths(length)[-1] == length
+
+
+def test_prefill_lengths_examples():
+    assert prefill_lengths(100) == [8, 16, 24, 32, 40, 48, 56, 64, 80, 96, 112]
+    assert len(prefill_lengths(4096)) == 8 + 4 * 6

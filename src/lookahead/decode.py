@@ -130,14 +130,35 @@ class Decoder:
         return self.context[len(self.prompt) :]
 
     @torch.inference_mode()
-    def prefill(self) -> list[int]:
-        """Run the prompt once (its KV stays cached for good) and choose the first token."""
-        ids = torch.tensor([self.prompt], dtype=torch.long, device=self.model.device)
-        out = self.model(input_ids=ids, past_key_values=self.cache, use_cache=True, logits_to_keep=1)
+    def prefill(self, length: int | None = None) -> list[int]:
+        """Run the prompt once (its KV stays cached for good) and choose the first token.
+
+        ``length``: feed the prompt right-padded to this many tokens (the server keeps the
+        shapes of its forward passes few, see ``lookahead.server.shapes``). Causal attention
+        keeps the prompt's entries and logits free of the padding, whose entries are dropped.
+        It is capped where it would change the prompt's rotary factors or overrun positions.
+        """
+        length = self._padded_length(length)
+        ids = torch.tensor([self.prompt + self.prompt[-1:] * (length - len(self.prompt))],
+                           dtype=torch.long, device=self.model.device)
+        last = len(self.prompt) - 1
+        keep = 1 if length == len(self.prompt) else torch.tensor([last], device=ids.device)
+        out = self.model(input_ids=ids, past_key_values=self.cache, use_cache=True,
+                         logits_to_keep=keep)
+        keep_new(self.cache, len(self.prompt), [])  # drops the padding's entries, if any
         token = choose(out.logits[0, -1], self.sampling, self.generator)
-        self.stats.record_step(forward_tokens=len(self.prompt), proposed=0, accepted=0)
+        self.stats.record_step(forward_tokens=length, proposed=0, accepted=0)
         self.proposer.start(self.prompt)
         return self._commit([token])
+
+    def _padded_length(self, length: int | None) -> int:
+        n = len(self.prompt)
+        if length is None or length <= n:
+            return n
+        for limit in (self.rope_switch, self.position_limit):
+            if limit is not None and n <= limit:
+                length = min(length, limit)
+        return length
 
     @torch.inference_mode()
     def _step(self) -> list[int]:

@@ -56,8 +56,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                        metavar="N", help="prompt tokens prefilled per engine iteration "
                        "(default: 512)")
     group.add_argument("--no-warmup", action="store_true",
-                       help="skip the short generation run before serving (it takes the "
-                       "first-call costs of the model off the first client)")
+                       help="skip the warm-up before serving: one forward pass of every step "
+                       "size and prefill length, and a short generation (they take the "
+                       "first-call costs off the first clients, and bring memory to its "
+                       "working level before serving)")
     set_handler(serve, run_serve)
 
     from lookahead.server import loadtest
@@ -101,6 +103,7 @@ def run_serve(args: argparse.Namespace) -> int:
         max_queue=args.max_queue,
         prefill_token_budget=args.prefill_token_budget,
         adaptive_budget=not args.fixed_budget,
+        warm_up=not args.no_warmup,
     )
     engine = Engine(model, tokenizer, config).start()
     if not args.no_warmup:

@@ -44,6 +44,7 @@ from lookahead.server.batch_cache import BatchedCache
 from lookahead.server.budget import BudgetPolicy
 from lookahead.server.detokenize import Detokenizer
 from lookahead.server.metrics import ServerMetrics
+from lookahead.server.shapes import prefill_length, warm_up
 from lookahead.stats import GenerationStats
 
 logger = logging.getLogger(__name__)
@@ -65,6 +66,11 @@ class EngineConfig:
     explore: with ``adaptive_budget``, the fraction of steps that try a neighbouring share.
     compact_waste: compact the cache when this fraction of its columns is waste.
     compact_min_columns: ... but not before it has this many columns.
+    prefill_buckets: prefill prompts right-padded to a few lengths (``shapes.prefill_length``)
+        so that the memory oneDNN keeps per forward shape stays bounded.
+    warm_up: before serving, run every step size and prefill length up to
+        ``prefill_token_budget`` once (``shapes.warm_up``), so that memory reaches its working
+        level at start and the first requests do not pay for compiling kernels.
     """
 
     step_token_budget: int = 64
@@ -75,6 +81,8 @@ class EngineConfig:
     explore: float = 0.1
     compact_waste: float = 0.5
     compact_min_columns: int = 64
+    prefill_buckets: bool = True
+    warm_up: bool = False
 
     def __post_init__(self) -> None:
         check_int("step_token_budget", self.step_token_budget, 1, 1 << 16)
@@ -299,6 +307,9 @@ class Engine:
     # ------------------------------------------------------------------ the loop
 
     def _run(self) -> None:
+        if self.config.warm_up:
+            warm_up(self.model, self.config.step_token_budget, self.config.prefill_token_budget)
+            release_free_memory()
         while True:
             with self._wakeup:
                 while not self._stopping and not self._waiting and not self._running:
@@ -346,8 +357,11 @@ class Engine:
         """Run the prompt alone (its first token) and add its cache as a row; False when the
         request ended there (done at its first token, or failed)."""
         try:
-            committed = request.decoder.prefill()
-            self.metrics.prompt_tokens.inc(len(request.decoder.prompt))
+            prompt = len(request.decoder.prompt)
+            committed = request.decoder.prefill(
+                prefill_length(prompt) if self.config.prefill_buckets else None
+            )
+            self.metrics.prompt_tokens.inc(prompt)
             if self._deliver(request, committed):
                 return False
             self._cache.add_row(request.decoder.cache)

@@ -344,6 +344,34 @@ def test_budget_policy_falls_back_to_plain_decoding_when_speculation_measures_sl
     assert chosen[-100:].count(1) >= 80
 
 
+def test_budget_policy_speculates_where_it_measures_faster_than_predicted() -> None:
+    """The reverse case. Small batches (1 to 8 requests) pay 50 ms + 3 ms per token, and
+    keep the cost line steep: it predicts that 16 requests do best with one token each. But a
+    step of 16 requests costs 100 ms + 0.5 ms per token (its fixed work dominates): measured,
+    a share of 4 commits 16 * 1.6 tokens in 132 ms against 16 in 108 ms, so the policy must
+    find it by exploring and settle there, while the small batches go on."""
+    policy = BudgetPolicy(64, explore=0.1, seed=5)
+    gain = {1: 1.0, 2: 1.3, 4: 1.6, 8: 1.8, 16: 1.9, 32: 2.0, 64: 2.1}
+
+    def step(running: int) -> int:
+        batch = ["lookahead"] * running
+        share = policy.choose(batch)
+        tokens = running * share
+        seconds = 0.1 + 0.0005 * tokens if running == 16 else 0.05 + 0.003 * tokens
+        policy.observe(batch, share, [gain[share]] * running, forward_tokens=tokens,
+                       seconds=seconds)
+        return share
+
+    chosen = []
+    for _ in range(400):
+        for running in (1, 2, 4, 8):
+            step(running)
+        chosen.append(step(16))
+    batch = ["lookahead"] * 16
+    assert policy.predicted_rate(batch, 1) > 1.2 * policy.predicted_rate(batch, 4)  # the line
+    assert chosen[-100:].count(4) >= 80
+
+
 def test_sliding_window_model_in_a_batch(tokenizer) -> None:
     """A window shorter than the text: the batched mask must apply it by position."""
     from transformers import MistralConfig, MistralForCausalLM

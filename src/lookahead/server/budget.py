@@ -23,12 +23,15 @@ plain batched decoding). Below the ceiling the policy picks a share k from the l
 
 A request alone always gets the ceiling. Until both are known (a few steps at a few sizes)
 the ceiling is used too. The model can be wrong where costs it does not see grow with the
-batch (per-request work, padding, cache columns), so it is checked against what happened:
-the committed tokens per second and request of steps actually run, per share and group of
-batch sizes (1, 2-3, 4-7, 8-15, ...). When the share the model picks has measured slower than
-one token per request in this group, plain batched decoding is used instead. A fraction
-``explore`` of the steps tries a share one rung above or below the best, or one token each, so
-that gains at untried shares get measured and the choice follows the load as it changes.
+batch (per-request work, padding, cache columns), and its gains are averages over requests
+and batch sizes, so it only decides until what happened is known: the committed tokens per
+second and request of the steps actually run, per batch (size and methods) and share. Once a share has been
+run a few times at this batch size, its measured rate replaces the prediction (in both
+directions: a share can measure slower than plain decoding, or faster than predicted). Rates
+are kept per exact batch size because they fall as the batch grows: averaged over sizes, a
+share tried mostly in larger batches would look worse than one tried in smaller ones. A
+fraction ``explore`` of the steps tries a share one rung above or below the best, or one
+token each, so that untried shares get measured and the choice follows the load as it changes.
 
 Example: ``policy.choose(["lookahead"] * 8)`` -> 4; after the step, ``policy.observe(
 ["lookahead"] * 8, 4, committed=[3, 1, 2, 4, 1, 5, 2, 3], forward_tokens=32, seconds=0.09)``.
@@ -44,13 +47,13 @@ from dataclasses import dataclass, field
 NON_SPECULATIVE = frozenset({"autoregressive"})
 
 _MIN_COST_POINTS = 8  # steps before the cost line is trusted
-_MIN_RATE_STEPS = 3  # steps at a (batch size, share) before its measured rate can veto
+_MIN_RATE_STEPS = 3  # steps at a (batch size, share) before its measured rate decides
 _MIN_SPREAD = 2.0  # ... and the largest step must be this many times the smallest
 
 
-def _size_group(running: int) -> int:
-    """Batch sizes are grouped by powers of two (1, 2, 4, 8, 16, ...) for measured rates."""
-    return 1 << (max(running, 1).bit_length() - 1)
+def _batch_key(methods: Sequence[str]) -> tuple[str, ...]:
+    """Measured rates are kept per batch: its size, and how many requests use each method."""
+    return tuple(sorted(methods))
 
 
 @dataclass
@@ -81,7 +84,7 @@ class BudgetPolicy:
     forgetting: float = 0.98
     seed: int = 0
     _gain: dict[tuple[str, int], _Average] = field(default_factory=dict, repr=False)
-    _rate: dict[tuple[int, int], _Average] = field(default_factory=dict, repr=False)
+    _rate: dict[tuple[tuple[str, ...], int], _Average] = field(default_factory=dict, repr=False)
     _width: dict[int, _Average] = field(default_factory=dict, repr=False)
     _sums: list[float] = field(default_factory=lambda: [0.0] * 5, repr=False)
     _points: int = field(default=0, repr=False)
@@ -110,12 +113,10 @@ class BudgetPolicy:
             # budget is its own, and a proposer with state (the lookahead window) only pays
             # off when its share holds from step to step, which single trial steps cannot show.
             return levels[-1]
-        scores = {k: s for k in levels if (s := self.predicted_rate(methods, k)) is not None}
+        scores = {k: s for k in levels if (s := self._score(methods, k)) is not None}
         best = len(levels) - 1  # until two shares can be compared: the fixed rule
         if len(scores) >= 2:
             best = levels.index(max(scores, key=scores.get))
-        if self._slower_than_plain(len(methods), levels[best]):
-            best = 0
         if self._random.random() < self.explore:
             # A neighbouring share, or plain decoding: the rate that any share must beat.
             best = self._random.choice((best - 1, best + 1, 0))
@@ -132,16 +133,14 @@ class BudgetPolicy:
             return None
         return sum(gains) / cost
 
-    def _slower_than_plain(self, running: int, share: int) -> bool:
-        """Whether steps of ``running`` requests at ``share`` committed fewer tokens per second
-        than steps of them at one token each, as measured (False until both are known)."""
-        group = _size_group(running)
-        spec, plain = self._rate.get((group, share)), self._rate.get((group, 1))
-        if share == 1 or spec is None or plain is None:
-            return False
-        if min(spec.count, plain.count) < _MIN_RATE_STEPS:
-            return False
-        return spec.value < plain.value
+    def _score(self, methods: Sequence[str], share: int) -> float | None:
+        """Committed tokens per second and request at ``share``: as measured at this batch
+        size once it ran there a few times, else as predicted (None if neither is known)."""
+        measured = self._rate.get((_batch_key(methods), share))
+        if measured is not None and measured.count >= _MIN_RATE_STEPS:
+            return measured.value
+        predicted = self.predicted_rate(methods, share)
+        return None if predicted is None else predicted / len(methods)
 
     def _gain_of(self, method: str, share: int) -> float | None:
         if share == 1 or method in NON_SPECULATIVE:
@@ -159,8 +158,7 @@ class BudgetPolicy:
             for method, count in zip(methods, committed):
                 if method not in NON_SPECULATIVE:
                     self._gain.setdefault((method, share), _Average()).add(count, self.smoothing)
-        # Per request, so that batch sizes of one group (8 to 15, say) can share the average.
-        rate = self._rate.setdefault((_size_group(len(methods)), share), _Average())
+        rate = self._rate.setdefault((_batch_key(methods), share), _Average())
         rate.add(sum(committed) / seconds / len(methods), self.smoothing)
         width = forward_tokens / len(methods)
         self._width.setdefault(share, _Average()).add(width, self.smoothing)

@@ -395,3 +395,18 @@ def test_sliding_window_model_in_a_batch(tokenizer) -> None:
             assert _collect(handle)[1].token_ids == want
     finally:
         engine.stop()
+
+
+def test_a_longrope_model_is_served_up_to_its_original_context(model, tokenizer) -> None:
+    """Past its original context a longrope model rotates with other factors, chosen by the
+    batch's largest position: the engine serves texts up to that switch, not beyond."""
+    from transformers import Phi3Config, Phi3ForCausalLM
+
+    rope = {"rope_type": "longrope", "rope_theta": 10000.0, "short_factor": [1.0] * 4,
+            "long_factor": [4.0] * 4, "original_max_position_embeddings": 32}
+    config = Phi3Config(vocab_size=len(WORDS), hidden_size=32, intermediate_size=64,
+                        num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=4,
+                        max_position_embeddings=128, original_max_position_embeddings=32,
+                        rope_parameters=rope, pad_token_id=0)
+    assert Engine(Phi3ForCausalLM(config), tokenizer).context_length == 32
+    assert Engine(model, tokenizer).context_length == model.config.max_position_embeddings

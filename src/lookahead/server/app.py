@@ -161,7 +161,7 @@ async def _serve(request: Request, body, input_ids, chat: bool) -> Response:
 def _decoder(engine: Engine, settings: ServerSettings, body, input_ids, chat: bool):
     """The request's ``Decoder`` and method; every invalid argument is a 400 naming its field."""
     prompt_param = "messages" if chat else "prompt"
-    context = getattr(engine.model.config, "max_position_embeddings", None)
+    context = engine.context_length
     prompt_len = input_ids.shape[1]
     if prompt_len == 0:
         raise ApiError(400, "the prompt encodes to no tokens", prompt_param)
@@ -173,6 +173,11 @@ def _decoder(engine: Engine, settings: ServerSettings, body, input_ids, chat: bo
     if max_tokens is None:  # OpenAI's defaults: 16 for completions, the context's rest for chat
         room = (context - prompt_len) if context is not None else 1 << 30
         max_tokens = room if chat else min(COMPLETION_DEFAULT_MAX_TOKENS, room)
+    if context is not None and prompt_len + max_tokens > context:
+        field = "max_completion_tokens" if chat and body.max_tokens is None else "max_tokens"
+        raise ApiError(400, f"This model's maximum context length is {context} tokens; the "
+                       f"prompt has {prompt_len} tokens and {field} is {max_tokens}", field,
+                       code="context_length_exceeded")
     method, options = _method_options(settings, body)
     try:
         decoder = make_decoder(engine.model, input_ids, max_tokens, method, **options)

@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 import torch
 
 from lookahead.config import check_int
-from lookahead.decode import Decoder, StepPlan
+from lookahead.decode import Decoder, StepPlan, longrope_switch
 from lookahead.server.batch_cache import BatchedCache
 from lookahead.server.budget import BudgetPolicy
 from lookahead.server.detokenize import Detokenizer
@@ -265,6 +265,19 @@ class Engine:
     @property
     def alive(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
+
+    @property
+    def context_length(self) -> int | None:
+        """The longest text (prompt + new tokens) served, None if unbounded.
+
+        For a "longrope" model (Phi-3 128k) it is the original context: past it the model
+        rotates with other factors, chosen by the largest position *in the batch*, so one
+        long request would change the others' outputs, and ``model.generate`` recomputes the
+        whole cache there, which a shared batch cannot do for one row.
+        """
+        limits = [getattr(self.model.config, "max_position_embeddings", None),
+                  longrope_switch(self.model.config)]
+        return min((limit for limit in limits if limit is not None), default=None)
 
     @property
     def running_count(self) -> int:

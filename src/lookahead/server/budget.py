@@ -25,13 +25,13 @@ A request alone always gets the ceiling. Until both are known (a few steps at a 
 the ceiling is used too. The model can be wrong where costs it does not see grow with the
 batch (per-request work, padding, cache columns), and its gains are averages over requests
 and batch sizes, so it only decides until what happened is known: the committed tokens per
-second and request of the steps actually run, per batch (size and methods) and share. Once a share has been
-run a few times at this batch size, its measured rate replaces the prediction (in both
-directions: a share can measure slower than plain decoding, or faster than predicted). Rates
-are kept per exact batch size because they fall as the batch grows: averaged over sizes, a
-share tried mostly in larger batches would look worse than one tried in smaller ones. A
-fraction ``explore`` of the steps tries a share one rung above or below the best, or one
-token each, so that untried shares get measured and the choice follows the load as it changes.
+second and request of the steps actually run, per batch (its size and methods) and share.
+Once a share has run a few times in such a batch, its measured rate replaces the prediction,
+in both directions: a share can measure slower than plain decoding, or faster than predicted.
+Rates are kept per exact batch size because they fall as the batch grows: averaged over
+sizes, a share tried mostly in larger batches would look worse than one tried in smaller
+ones. A fraction ``explore`` of the steps tries a share one rung above or below the best, or
+one token each, so that untried shares get measured and the choice follows the load.
 
 Example: ``policy.choose(["lookahead"] * 8)`` -> 4; after the step, ``policy.observe(
 ["lookahead"] * 8, 4, committed=[3, 1, 2, 4, 1, 5, 2, 3], forward_tokens=32, seconds=0.09)``.
@@ -134,8 +134,8 @@ class BudgetPolicy:
         return sum(gains) / cost
 
     def _score(self, methods: Sequence[str], share: int) -> float | None:
-        """Committed tokens per second and request at ``share``: as measured at this batch
-        size once it ran there a few times, else as predicted (None if neither is known)."""
+        """Committed tokens per second and request at ``share``: as measured in this batch
+        once it ran there a few times, else as predicted (None if neither is known)."""
         measured = self._rate.get((_batch_key(methods), share))
         if measured is not None and measured.count >= _MIN_RATE_STEPS:
             return measured.value

@@ -5,6 +5,7 @@ Also holds the tiny model, tokenizer and prompts that ``test_server.py`` serves.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 
@@ -117,6 +118,29 @@ def _check_against_generate(engine, model, cases, first_seed: int) -> None:
         pending.append((engine.submit(make_decoder(model, ids, new, method, **options)), want))
     for handle, want in pending:
         assert _collect(handle)[1].token_ids == want
+
+
+def test_warm_up_then_serve(model, tokenizer, monkeypatch, caplog) -> None:
+    """The start-up warm-up runs every step size and prefill length once; a warm-up that fails
+    is logged and the engine serves anyway."""
+    from lookahead.server import engine as engine_module
+
+    config = EngineConfig(step_token_budget=16, prefill_token_budget=40, warm_up=True)
+    for broken in (False, True):
+        if broken:
+            monkeypatch.setattr(engine_module, "warm_up", lambda *args: 1 / 0)
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="lookahead.server"):
+            engine = Engine(model, tokenizer, config).start()
+            try:
+                _check_against_generate(engine, model, CASES[:2], first_seed=30)
+            finally:
+                engine.stop()
+        logged = caplog.text
+        if broken:
+            assert "warm-up failed" in logged
+        else:  # prefill lengths up to 40 tokens: 8, 16, 24, 32, 40
+            assert "kernels of 16 step sizes and 5 prefill lengths" in logged
 
 
 def test_requests_arriving_mid_batch_and_compaction(model, tokenizer) -> None:

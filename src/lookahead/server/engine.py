@@ -321,7 +321,11 @@ class Engine:
 
     def _run(self) -> None:
         if self.config.warm_up:
-            warm_up(self.model, self.config.step_token_budget, self.config.prefill_token_budget)
+            try:
+                warm_up(self.model, self.config.step_token_budget,
+                        self.config.prefill_token_budget)
+            except Exception:  # serving without it is slower at first, not wrong
+                logger.exception("the shape warm-up failed; serving without it")
             release_free_memory()
         while True:
             with self._wakeup:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
+from types import MappingProxyType
 
 import torch
 
@@ -25,14 +26,14 @@ from lookahead.stats import GenerationStats
 
 logger = logging.getLogger(__name__)
 
-# The options each method accepts besides the common arguments.
-METHOD_OPTIONS = {
+# The options each method accepts besides the common arguments (read-only).
+METHOD_OPTIONS = MappingProxyType({
     "autoregressive": (),
     "lookahead": ("window", "ngram", "guess", "prompt_pool", "output_pool", "lookup_ngram",
                   "lookup_tokens"),
     "prompt_lookup": ("num_draft_tokens", "max_ngram", "min_ngram"),
     "draft": ("draft_model", "num_draft_tokens", "lookup_tokens", "lookup_ngram"),
-}
+})
 
 
 @dataclass(frozen=True)

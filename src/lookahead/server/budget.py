@@ -113,7 +113,8 @@ class BudgetPolicy:
             # budget is its own, and a proposer with state (the lookahead window) only pays
             # off when its share holds from step to step, which single trial steps cannot show.
             return levels[-1]
-        scores = {k: s for k in levels if (s := self._score(methods, k)) is not None}
+        key = _batch_key(methods)
+        scores = {k: s for k in levels if (s := self._score(methods, key, k)) is not None}
         best = len(levels) - 1  # until two shares can be compared: the fixed rule
         if len(scores) >= 2:
             best = levels.index(max(scores, key=scores.get))
@@ -133,10 +134,11 @@ class BudgetPolicy:
             return None
         return sum(gains) / cost
 
-    def _score(self, methods: Sequence[str], share: int) -> float | None:
+    def _score(self, methods: Sequence[str], key: tuple[str, ...], share: int) -> float | None:
         """Committed tokens per second and request at ``share``: as measured in this batch
-        once it ran there a few times, else as predicted (None if neither is known)."""
-        measured = self._rate.get((_batch_key(methods), share))
+        once it ran there a few times, else as predicted (None if neither is known).
+        ``key``: the batch's ``_batch_key``, computed once per choice."""
+        measured = self._rate.get((key, share))
         if measured is not None and measured.count >= _MIN_RATE_STEPS:
             return measured.value
         predicted = self.predicted_rate(methods, share)

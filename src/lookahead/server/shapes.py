@@ -50,8 +50,9 @@ def warm_up(model, step_tokens: int, prompt_tokens: int) -> None:
     device = model.device
     for tokens in range(1, step_tokens + 1):
         model(input_ids=torch.zeros(1, tokens, dtype=torch.long, device=device), use_cache=False)
-    for tokens in prefill_lengths(prompt_tokens):
+    lengths = prefill_lengths(prompt_tokens)
+    for tokens in lengths:
         model(input_ids=torch.zeros(1, tokens, dtype=torch.long, device=device), use_cache=False,
               logits_to_keep=1)
     logger.info("compiled the kernels of %d step sizes and %d prefill lengths in %.1f s",
-                step_tokens, len(prefill_lengths(prompt_tokens)), time.perf_counter() - started)
+                step_tokens, len(lengths), time.perf_counter() - started)

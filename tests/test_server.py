@@ -22,6 +22,7 @@ from test_server_engine import (
 )
 
 import lookahead
+import lookahead.cli
 from lookahead.server.app import ServerSettings, create_app
 from lookahead.server.detokenize import Detokenizer
 from lookahead.server.engine import Engine, EngineConfig
@@ -267,3 +268,35 @@ def test_full_queue_answers_429() -> None:
             client.completions.create(model=MODEL, prompt=[5, 6], max_tokens=4)
         assert info.value.status_code == 429
         assert "max_queue=1" in info.value.body["message"]
+
+
+def test_loadtest_alternates_methods_and_pools_repeats(served, tmp_path, monkeypatch) -> None:
+    server, engine = served[0], served[1]
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": f"w{i} w{i + 1} w{i} w{i + 1}", "chat": False})
+                               + "\n" for i in range(10, 13)))
+    submitted = []
+    submit = engine.submit
+
+    def recording_submit(decoder, **kwargs):
+        submitted.append(kwargs.get("method") or decoder.stats.method)
+        return submit(decoder, **kwargs)
+
+    monkeypatch.setattr(engine, "submit", recording_submit)  # this test's engine object only
+    out = tmp_path / "out"
+    code = lookahead.cli.main(["loadtest", "--url", server.url, "--concurrency", "1,2",
+                               "--requests", "3", "--repeat", "3", "--max-tokens", "5",
+                               "--warmup", "0", "--dataset", str(prompts), "--out", str(out)])
+    assert code == 0
+    la, ar = "lookahead", "autoregressive"
+    per_row = [la] * 3 + [ar] * 3 + [ar] * 3 + [la] * 3 + [la] * 3 + [ar] * 3  # A B, B A, A B
+    assert submitted == per_row * 2
+    report = json.loads((out / "results.json").read_text())
+    assert [(c["method"], c["concurrency"]) for c in report["cells"]] == [
+        (la, 1), (ar, 1), (la, 2), (ar, 2)]
+    for cell in report["cells"]:
+        assert (cell["requests"], cell["completed"], cell["repeats"], cell["errors"]) == (9, 9, 3, 0)
+        assert 9 <= cell["tokens"] <= 45 and cell["throughput"] > 0
+        assert cell["ttft_p50"] <= cell["latency_p50"]
+    assert all((out / name).stat().st_size > 0 for name in ("throughput.png", "ttft.png",
+                                                             "latency.png"))

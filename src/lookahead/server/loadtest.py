@@ -8,6 +8,10 @@ chosen per request through the body field ``"lookahead": {"method": ...}``. Meas
 * time to first token (TTFT): request sent -> first chunk with text;
 * latency: request sent -> ``[DONE]``; p50 and p95 of both.
 
+``--repeat R`` runs each concurrency's cells R times, the methods in turn and in alternating
+order (A B, B A, A B, ...), and pools the repeats: on a machine whose speed drifts by tens of
+percent within minutes, each method then sees about the same share of fast and slow minutes.
+
 ``--disconnect-fraction f`` makes a fraction f of the requests hang up after a few chunks
 (the server must cancel them); they count as "cancelled" and stay out of the latency figures.
 The server's resident memory (``process_resident_memory_bytes`` from /metrics) is read before
@@ -69,6 +73,7 @@ class Cell:
     latency_p50: float | None
     latency_p95: float | None
     load_average: float | None = None  # this machine's 1-minute load at the cell's end
+    repeats: int = 1  # runs pooled into the cell (``--repeat``)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -87,6 +92,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="hang up this fraction of requests after a few chunks (default: 0)")
     parser.add_argument("--warmup", type=int_in(0, 1000), default=1, metavar="N",
                         help="unmeasured requests per method first (default: 1)")
+    parser.add_argument("--repeat", type=int_in(1, 100), default=1, metavar="R",
+                        help="run each concurrency R times, alternating the methods' order, "
+                        "and pool the figures (default: 1)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the disconnect choices")
     parser.add_argument("--timeout", type=float, default=600.0, help="per request, seconds")
     parser.add_argument("--out", type=Path, default=Path("loadtest-results"), metavar="DIR",
@@ -117,24 +125,33 @@ async def _run(args, prompts: list[Prompt]) -> dict:
         for method in args.methods:
             for i in range(args.warmup):
                 await _request(client, model, prompts[i % len(prompts)], method, args.max_tokens)
-        # Concurrency-major, so that the methods of one row run close together in time (a
-        # shared machine's load drifts).
+        # Concurrency-major, so that the methods of one row run close together in time, in
+        # alternating order when repeated (a shared machine's load drifts).
         for concurrency in args.concurrency:
+            runs: dict[str, list[tuple[list[Outcome], float]]] = {m: [] for m in args.methods}
+            for repeat in range(args.repeat):
+                order = args.methods if repeat % 2 == 0 else args.methods[::-1]
+                for method in order:
+                    runs[method].append(await _run_cell(client, model, prompts, method,
+                                                        concurrency, args, rng))
             for method in args.methods:
-                cell = await _cell(client, model, prompts, method, concurrency, args, rng)
+                cell = _summarize(method, concurrency, runs[method])
                 logger.info("%s", cell)
                 cells.append(asdict(cell))
         idle = await _wait_idle(client)
         rss_after = await _server_rss(client)
     return {
         "url": args.url, "model": model, "dataset": args.dataset, "max_tokens": args.max_tokens,
-        "requests": args.requests, "disconnect_fraction": args.disconnect_fraction,
+        "requests": args.requests, "repeat": args.repeat,
+        "disconnect_fraction": args.disconnect_fraction,
         "server_rss_bytes_before": rss_before, "server_rss_bytes_after": rss_after,
         "server_idle_after": idle, "cells": cells,
     }
 
 
-async def _cell(client, model, prompts, method, concurrency, args, rng) -> Cell:
+async def _run_cell(client, model, prompts, method, concurrency, args,
+                    rng) -> tuple[list[Outcome], float]:
+    """``args.requests`` requests, ``concurrency`` at a time: their outcomes and wall seconds."""
     jobs = list(range(args.requests))
     hang_up = {j: rng.randint(1, 5) for j in jobs if rng.random() < args.disconnect_fraction}
     outcomes: list[Outcome] = []
@@ -148,7 +165,14 @@ async def _cell(client, model, prompts, method, concurrency, args, rng) -> Cell:
 
     start = time.perf_counter()
     await asyncio.gather(*(worker() for _ in range(concurrency)))
-    seconds = time.perf_counter() - start
+    return outcomes, time.perf_counter() - start
+
+
+def _summarize(method: str, concurrency: int, runs: list[tuple[list[Outcome], float]]) -> Cell:
+    """One cell's figures, pooled over its runs: throughput is all their completion tokens over
+    all their seconds; the percentiles are over all their requests."""
+    outcomes = [o for run_outcomes, _ in runs for o in run_outcomes]
+    seconds = sum(run_seconds for _, run_seconds in runs)
     done = [o for o in outcomes if o.status == 200 and not o.cancelled and o.error is None]
     ttfts = [o.ttft for o in done if o.ttft is not None]
     latencies = [o.latency for o in done]
@@ -164,6 +188,7 @@ async def _cell(client, model, prompts, method, concurrency, args, rng) -> Cell:
         ttft_p50=_percentile(ttfts, 50), ttft_p95=_percentile(ttfts, 95),
         latency_p50=_percentile(latencies, 50), latency_p95=_percentile(latencies, 95),
         load_average=os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
+        repeats=len(runs),
     )
 
 
@@ -251,7 +276,8 @@ def _print_table(cells: list[Cell], report: dict) -> None:
     from rich.table import Table
 
     table = Table(title=f"{report['model']} - {report['dataset']}, max_tokens "
-                  f"{report['max_tokens']}, {report['requests']} requests per row")
+                  f"{report['max_tokens']}, {report['requests']} requests per row"
+                  + (f" x {report['repeat']} repeats" if report.get("repeat", 1) > 1 else ""))
     for name in ("method", "conc.", "done", "cancel", "errors", "tok/s", "TTFT p50", "TTFT p95",
                  "latency p50", "latency p95", "load"):
         table.add_column(name, justify="left" if name == "method" else "right")

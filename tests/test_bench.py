@@ -14,8 +14,11 @@ from lookahead.bench.report import markdown_table, summarise
 from lookahead.bench.runner import BenchConfig
 from lookahead.bench.tune import (
     DEFAULT_SHAPE,
+    TuneConfig,
+    choose_shape,
     cost_at,
     load_profile,
+    monotone,
     profile_path,
     resolve_shape,
 )
@@ -138,6 +141,30 @@ def test_cost_curve_interpolates_and_extends() -> None:
     assert cost_at(curve, 6) == pytest.approx(0.014)
     assert cost_at(curve, 16) == pytest.approx(0.034)  # along the last segment
     assert cost_at(dict(tokens=[2], seconds=[0.02]), 4) == pytest.approx(0.04)
+
+
+def test_cost_curve_is_made_non_decreasing() -> None:
+    assert monotone([1.0, 2.0, 3.0]) == [1.0, 2.0, 3.0]
+    # 16 tokens timed cheaper than 8 is noise: both become their mean, the rest is kept.
+    assert monotone([0.05, 0.08, 0.06, 0.09]) == pytest.approx([0.05, 0.07, 0.07, 0.09])
+    assert monotone([0.04, 0.03, 0.02]) == pytest.approx([0.03, 0.03, 0.03])
+
+
+@pytest.mark.parametrize(("lead", "chosen"), [(0.02, "default"), (0.05, "other")])
+def test_tuner_keeps_the_default_unless_another_clearly_leads(lead, chosen) -> None:
+    default = dict(DEFAULT_SHAPE, predicted_tokens_per_second=40.0)
+    other = dict(window=1, ngram=4, guess=6, predicted_tokens_per_second=40.0 * (1 + lead))
+    rows = [other, default]
+    assert choose_shape(rows, margin=0.03) is (default if chosen == "default" else other)
+    assert choose_shape(rows, margin=0.0) is other
+    assert choose_shape([other], margin=0.5) is other  # no default among the shapes
+
+
+def test_tune_rejects_a_bad_margin_or_no_data_set() -> None:
+    with pytest.raises(ValueError, match="margin must be in"):
+        TuneConfig(margin=1.5)
+    with pytest.raises(ValueError, match="dataset must name"):
+        TuneConfig(dataset=" , ")
 
 
 def test_summary_counts_identical_outputs_per_dtype() -> None:

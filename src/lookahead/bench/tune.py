@@ -4,12 +4,15 @@ Lookahead decoding trades spare compute for fewer steps: a step with more tokens
 more and accepts more. Which trade wins depends on the machine. The tuner:
 
 1. measures the *forward-cost curve*: the median latency of one forward pass with k new tokens
-   on top of a cached prompt, for k in ``tokens`` (1, 2, 4, ..., 128);
-2. runs a few lookahead shapes on a few sample prompts and records their tokens per step and
-   the tokens each step fed to the model;
+   on top of a cached prompt, for k in ``tokens`` (1, 2, 4, ..., 96), made non-decreasing in k
+   (``monotone``: more tokens never cost less; a dip is a timing's noise);
+2. runs a few lookahead shapes on a few sample prompts of each data set (code, chat and maths
+   by default, so that the choice is not one kind of text's) and records their tokens per step
+   and the tokens each step fed to the model;
 3. predicts each shape's decoding speed, ``tokens / sum(cost(forward tokens of each step))``,
    from the curve (robust against a noisy machine: the acceptance, not the timing, comes from
-   the short sample runs), and picks the fastest;
+   the short sample runs), and picks the fastest -- but keeps the default shape unless another
+   is predicted faster by more than ``margin`` (a smaller lead is within the noise);
 4. saves a profile ``<cache>/profiles/<model>-<dtype>-<device>.json`` and a PNG of the curve.
 
 ``resolve_shape(model, dtype)`` then gives the saved best shape (or ``DEFAULT_SHAPE``). The
@@ -61,6 +64,7 @@ DEFAULT_SHAPES = (
     (7, 5, 7), (15, 5, 15),
 )
 SELECT = ("predicted", "measured")
+DEFAULT_DATASETS = "humaneval,mtbench,gsm8k"
 PROFILE_VERSION = 1
 
 # Called with (done, total, description) as the tuner goes.
@@ -70,17 +74,21 @@ Progress = Callable[[int, int, str], None]
 @dataclass(frozen=True)
 class TuneConfig:
     """What to tune. ``shapes`` are (window, ngram, guess) triples; ``select`` picks the best
-    by the curve's prediction ("predicted") or by the sample runs' own timing ("measured")."""
+    by the curve's prediction ("predicted") or by the sample runs' own timing ("measured").
+    ``dataset`` is one data set or several, comma-separated: the first ``limit`` prompts of
+    each are sampled. ``margin``: another shape replaces the default only if it is predicted
+    faster by more than this fraction."""
 
     model: str = DEFAULT_MODEL
     dtype: str = "bfloat16"
     tokens: tuple[int, ...] = DEFAULT_TOKENS
     repeats: int = 5
     shapes: tuple[tuple[int, int, int], ...] = DEFAULT_SHAPES
-    dataset: str = "humaneval"
-    limit: int = 3
+    dataset: str = DEFAULT_DATASETS
+    limit: int = 2
     max_new_tokens: int = 128
     select: str = "predicted"
+    margin: float = 0.03
     cache_dir: str | None = None
 
     def __post_init__(self) -> None:
@@ -99,6 +107,10 @@ class TuneConfig:
             if len(shape) != 3:
                 raise ValueError(f"a shape is (window, ngram, guess), got {shape!r}")
             LookaheadConfig(*shape)
+        if not 0.0 <= self.margin < 1.0:
+            raise ValueError(f"margin must be in [0, 1), got {self.margin!r}")
+        if not [name for name in self.dataset.split(",") if name.strip()]:
+            raise ValueError(f"dataset must name at least one data set, got {self.dataset!r}")
         if self.select not in SELECT:
             raise ValueError(f"select must be one of {', '.join(SELECT)}, got {self.select!r}")
 
@@ -145,9 +157,23 @@ def forward_cost_curve(model, input_ids: torch.Tensor, tokens, repeats: int = 5)
                 timings[k].append(elapsed)
     return dict(
         tokens=list(tokens),
-        seconds=[statistics.median(timings[k]) for k in tokens],
+        seconds=monotone([statistics.median(timings[k]) for k in tokens]),
         prompt_tokens=past,
     )
+
+
+def monotone(values: list[float]) -> list[float]:
+    """The closest non-decreasing sequence in least squares (isotonic regression, by pooling
+    adjacent violators): a forward pass of more tokens never costs less, so where a median dips
+    below a smaller size's, both are noise around their common mean."""
+    blocks: list[list[float]] = []  # [mean, count] of pooled runs
+    for value in values:
+        blocks.append([value, 1])
+        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
+            (mean_b, count_b), (mean_a, count_a) = blocks.pop(), blocks.pop()
+            count = count_a + count_b
+            blocks.append([(mean_a * count_a + mean_b * count_b) / count, count])
+    return [mean for mean, count in blocks for _ in range(count)]
 
 
 def cost_at(curve: Mapping, k: float) -> float:
@@ -204,7 +230,11 @@ def measure_shape(model, prompts: list[torch.Tensor], shape, max_new_tokens: int
 def tune(config: TuneConfig, progress: Progress | None = None, save: bool = True) -> dict:
     """Measure the curve and the shapes, choose the best, save the profile; return it."""
     model, tokenizer = load_model(config.model, config.dtype, cache_dir=config.cache_dir)
-    prompts = [encode_prompt(tokenizer, p) for p in load_prompts(config.dataset, config.limit)]
+    prompts = [
+        encode_prompt(tokenizer, p)
+        for name in config.dataset.split(",") if name.strip()
+        for p in load_prompts(name.strip(), config.limit)
+    ]
     total = 1 + len(config.shapes)
     _report(progress, 0, total, "forward-cost curve")
     curve = forward_cost_curve(model, prompts[0], config.tokens, config.repeats)
@@ -222,8 +252,7 @@ def tune(config: TuneConfig, progress: Progress | None = None, save: bool = True
         )  # warm-up
         rows.append(measure_shape(model, prompts, shape, config.max_new_tokens, curve))
     _report(progress, total, total, "done")
-    key = f"{config.select}_tokens_per_second"
-    best = max(rows, key=lambda row: row[key])
+    best = choose_shape(rows, config.select, config.margin)
     profile = dict(
         version=PROFILE_VERSION,
         model=config.model,
@@ -237,6 +266,7 @@ def tune(config: TuneConfig, progress: Progress | None = None, save: bool = True
         prompts=len(prompts),
         max_new_tokens=config.max_new_tokens,
         select=config.select,
+        margin=config.margin,
         curve=curve,
         autoregressive_predicted_tokens_per_second=1.0 / cost_at(curve, 1),
         shapes=rows,
@@ -245,6 +275,18 @@ def tune(config: TuneConfig, progress: Progress | None = None, save: bool = True
     if save:
         save_profile(profile, config.cache_dir)
     return profile
+
+
+def choose_shape(rows: list[dict], select: str = "predicted", margin: float = 0.0) -> dict:
+    """The row of the fastest shape by ``{select}_tokens_per_second``; the default shape's row
+    instead when it is among them and the fastest leads it by no more than ``margin``."""
+    key = f"{select}_tokens_per_second"
+    best = max(rows, key=lambda row: row[key])
+    default = next((row for row in rows if all(row[k] == v for k, v in DEFAULT_SHAPE.items())),
+                   None)
+    if default is not None and best[key] <= default[key] * (1.0 + margin):
+        return default
+    return best
 
 
 def _report(progress: Progress | None, done: int, total: int, description: str) -> None:

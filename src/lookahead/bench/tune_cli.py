@@ -23,6 +23,7 @@ from lookahead.bench.args import (
 )
 from lookahead.bench.cli import USER_ERRORS
 from lookahead.bench.tune import (
+    DEFAULT_DATASETS,
     DEFAULT_SHAPES,
     DEFAULT_TOKENS,
     SELECT,
@@ -43,8 +44,11 @@ def register(subparsers) -> None:
         "shape's tokens/s and save the best in a profile that --shape auto reads.",
     )
     add_model_arguments(parser)
-    parser.add_argument("--dataset", default="humaneval", help="sample prompts (humaneval)")
-    parser.add_argument("--limit", type=positive_int, default=3, help="sample prompts (3)")
+    parser.add_argument("--dataset", default=DEFAULT_DATASETS,
+                        help=f"sample prompts: data sets or JSONL files, comma-separated "
+                        f"(default {DEFAULT_DATASETS})")
+    parser.add_argument("--limit", type=positive_int, default=2,
+                        help="sample prompts per data set (2)")
     parser.add_argument("--max-new-tokens", type=positive_int, default=128, help="(128)")
     parser.add_argument(
         "--tokens",
@@ -69,6 +73,9 @@ def register(subparsers) -> None:
         default="predicted",
         help="choose by the curve's prediction (default) or by the sample runs' timing",
     )
+    parser.add_argument("--margin", type=float, default=0.03,
+                        help="keep the default shape unless another is predicted faster by "
+                        "more than this fraction (0.03)")
     parser.add_argument("--no-save", action="store_true", help="print, but save no profile")
     parser.set_defaults(func=run)
 
@@ -104,6 +111,7 @@ def run(args: argparse.Namespace) -> int:
             limit=args.limit,
             max_new_tokens=args.max_new_tokens,
             select=args.select,
+            margin=args.margin,
             cache_dir=args.cache_dir,
         )
         columns = (

@@ -6,7 +6,11 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 from tiny import save_tiny_model
+
+import lookahead
+from lookahead.api import make_decoder
 
 from lookahead.bench.cli import config_from_args
 from lookahead.bench.methods import METHODS
@@ -23,6 +27,7 @@ from lookahead.bench.tune import (
     resolve_shape,
 )
 from lookahead.cli import build_parser, main
+from lookahead.commands.common import method_options
 
 # A small vocabulary makes a random model repeat itself, so proposers get accepted.
 WORDS = ["<unk>", "<s>", "</s>", "def", "f", "(", ")", ":", "return", "x", "+", "1", "a", "b"]
@@ -216,3 +221,34 @@ def test_draft_methods_without_a_draft_model_are_refused(capsys) -> None:
         "draft" not in BenchConfig().run_methods
         and "hf" in BenchConfig(methods=("lookahead",)).run_methods
     )
+
+
+def test_window_auto_takes_the_tuned_shape_of_this_model(tiny, tmp_path, monkeypatch) -> None:
+    # The default cache folder is under the home (or XDG) folder: point both at tmp_path.
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / ".cache"))
+    model, _ = lookahead.load_model(tiny["model"], dtype="float64")
+    ids = torch.tensor([[5, 6, 7, 5, 6]])
+
+    def shape(**options):
+        config = make_decoder(model, ids, 4, "lookahead", **options).proposer.config
+        return config.window, config.ngram, config.guess
+
+    default = tuple(DEFAULT_SHAPE.values())
+    assert shape(window="auto") == default  # no profile saved yet
+    path = profile_path(model.name_or_path, "float64")  # where `lookahead tune` saves it
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({"best": {"window": 3, "ngram": 4, "guess": 6}}))
+    assert shape(window="auto") == (3, 4, 6)
+    assert shape(window="auto", guess=2) == (3, 4, 2)  # explicit parts are kept
+    assert shape() == default  # the library's own default needs no profile
+
+
+def test_cli_lookahead_without_a_window_asks_for_auto() -> None:
+    args = build_parser().parse_args(["generate", "--model", "m", "hi"])
+    assert method_options(args) == {"window": "auto"}
+    args = build_parser().parse_args(["generate", "--model", "m", "--window", "auto",
+                                      "--guess", "3", "hi"])
+    assert method_options(args) == {"window": "auto", "guess": 3}
+    args = build_parser().parse_args(["generate", "--model", "m", "--window", "3", "hi"])
+    assert method_options(args) == {"window": 3}

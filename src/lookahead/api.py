@@ -71,7 +71,8 @@ def generate(model, input_ids, max_new_tokens: int = 256, method: str = "lookahe
     """Decode ``input_ids`` (LongTensor [1, prompt_len]) and return a ``GenerationResult``.
 
     ``method`` is "autoregressive", "lookahead" (options window, ngram, guess, prompt_pool,
-    output_pool), "prompt_lookup" (num_draft_tokens, max_ngram, min_ngram) or "draft"
+    output_pool; ``window="auto"`` takes the shape ``lookahead tune`` saved for this model and
+    machine, see ``resolve_auto_shape``), "prompt_lookup" (num_draft_tokens, max_ngram, min_ngram) or "draft"
     (draft_model, num_draft_tokens, lookup_tokens, lookup_ngram). Sampling options for every method: do_sample,
     temperature, top_k, top_p, seed; ``eos_token_id`` overrides the model's own.
     Greedy output is token-for-token that of ``model.generate(do_sample=False)``.
@@ -107,6 +108,8 @@ def make_decoder(model, input_ids, max_new_tokens, method, **options) -> Decoder
             generator.seed()
         else:
             generator.manual_seed(sampling.seed)
+    if method == "lookahead":
+        options = resolve_auto_shape(model, options)
     proposer = make_proposer(model, method, options, sampling, generator)
     return Decoder(
         model,
@@ -118,6 +121,23 @@ def make_decoder(model, input_ids, max_new_tokens, method, **options) -> Decoder
         generator=generator,
         method=method,
     )
+
+
+def resolve_auto_shape(model, options: dict) -> dict:
+    """Lookahead ``options`` with ``window="auto"`` replaced by this machine's tuned shape.
+
+    The shape comes from the profile ``lookahead tune`` saved for the model (by its
+    ``name_or_path``: a bundled name, a folder or a hub id), dtype and device, else the default
+    shape; ``ngram`` and ``guess`` given beside ``window="auto"`` are kept.
+    """
+    if options.get("window") != "auto":
+        return options
+    # The tuner's module owns the profiles (imported here: it imports this module).
+    from lookahead.bench.tune import resolve_shape
+
+    shape = resolve_shape(model.name_or_path, model.dtype, device=model.device.type)
+    logger.info("window='auto': the shape %s for %s", shape, model.name_or_path)
+    return {**shape, **{k: v for k, v in options.items() if k != "window"}}
 
 
 def make_proposer(model, method: str, options: dict, sampling, generator) -> Proposer:

@@ -290,9 +290,14 @@ def _load_bundled(
     """A bundled model: the cached folder if present, else de-quantise its GGUF into the cache."""
     cached = _model_cache_dir(root, spec.name, dtype)
     if _is_complete_cache(cached):
-        return _load_hf_folder(cached, dtype)
-    gguf_path = find_gguf(spec, cache_dir=root)
-    return _load_gguf(gguf_path, spec.name, dtype, root, eos_token_ids=spec.eos_token_ids)
+        model, tokenizer = _load_hf_folder(cached, dtype)
+    else:
+        gguf_path = find_gguf(spec, cache_dir=root)
+        model, tokenizer = _load_gguf(gguf_path, spec.name, dtype, root,
+                                      eos_token_ids=spec.eos_token_ids)
+    # Known by its bundled name (not the cache folder's path): tuning profiles are keyed by it.
+    model.name_or_path = spec.name
+    return model, tokenizer
 
 
 def _load_gguf(

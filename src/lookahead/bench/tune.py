@@ -336,10 +336,10 @@ def load_profile(model_name: str, dtype, cache_dir=None, device: str = "cpu") ->
     return profile
 
 
-def resolve_shape(model_name: str, dtype, cache_dir=None) -> dict[str, int]:
-    """``dict(window=, ngram=, guess=)``: the tuned best for this model, dtype and CPU, else
+def resolve_shape(model_name: str, dtype, cache_dir=None, device: str = "cpu") -> dict[str, int]:
+    """``dict(window=, ngram=, guess=)``: the tuned best for this model, dtype and device, else
     ``DEFAULT_SHAPE``. Run ``lookahead tune --model NAME --dtype DTYPE`` to create a profile."""
-    profile = load_profile(model_name, dtype, cache_dir)
+    profile = load_profile(model_name, dtype, cache_dir, device)
     if profile is None:
         logger.info("no tuning profile for %s (%s); using the default shape", model_name, dtype)
         return dict(DEFAULT_SHAPE)

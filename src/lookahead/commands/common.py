@@ -73,6 +73,17 @@ def int_in(low: int, high: int) -> Callable[[str], int]:
     return parse
 
 
+def window_arg(text: str) -> int | str:
+    """An argparse ``type`` for ``--window``: "auto" (the tuned shape) or an int window."""
+    if text.strip().lower() == "auto":
+        return "auto"
+    return int_in(1, MAX_WINDOW)(text)
+
+
+WINDOW_HELP = ("lookahead: window size, or 'auto' (the default): the shape `lookahead tune` "
+               "saved for this model and machine, else W2 N5 G4")
+
+
 def _float_in(low: float, high: float, *, low_open: bool) -> Callable[[str], float]:
     def parse(text: str) -> float:
         try:
@@ -138,9 +149,7 @@ def add_method_args(parser: argparse.ArgumentParser, *, default: str = "lookahea
     """``--method`` with each method's options, and the sampling options."""
     group = parser.add_argument_group("decoding method")
     group.add_argument("--method", choices=METHODS, default=default, help=f"(default: {default})")
-    group.add_argument(
-        "--window", type=int_in(1, MAX_WINDOW), metavar="W", help="lookahead: window size"
-    )
+    group.add_argument("--window", type=window_arg, metavar="W", help=WINDOW_HELP)
     group.add_argument(
         "--ngram", type=int_in(2, MAX_NGRAM), metavar="N", help="lookahead: n-gram length"
     )
@@ -220,6 +229,8 @@ def method_options(args: argparse.Namespace, draft_model: Any = None) -> dict[st
                 _flag(name), f"applies to --method {' or '.join(takers)}, not {args.method}"
             )
         options[name] = value
+    if args.method == "lookahead" and "window" not in options:
+        options["window"] = "auto"  # resolved by make_decoder; --ngram/--guess still apply
     if args.method == "draft":
         if not getattr(args, "draft_model", None):
             raise UsageError("--draft-model", "--method draft needs a draft model")

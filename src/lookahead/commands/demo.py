@@ -16,14 +16,16 @@ from rich.table import Table
 
 import lookahead
 from lookahead.commands.common import (
+    WINDOW_HELP,
     add_max_new_tokens,
     add_model_args,
     encode_text,
     int_in,
     load,
     set_handler,
+    window_arg,
 )
-from lookahead.config import MAX_GUESS, MAX_NGRAM, MAX_WINDOW
+from lookahead.config import MAX_GUESS, MAX_NGRAM
 from lookahead.models import resolve_dtype
 
 # The start of a small Python class, to be continued: code repeats names and whole phrases
@@ -60,8 +62,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default=DEFAULT_PROMPT,
         help="text to continue (default: the start of a small Python class)",
     )
-    shape = parser.add_argument_group("lookahead shape (default: the library's)")
-    shape.add_argument("--window", type=int_in(1, MAX_WINDOW), metavar="W")
+    shape = parser.add_argument_group("lookahead shape")
+    shape.add_argument("--window", type=window_arg, default="auto", metavar="W", help=WINDOW_HELP)
     shape.add_argument("--ngram", type=int_in(2, MAX_NGRAM), metavar="N")
     shape.add_argument("--guess", type=int_in(1, MAX_GUESS), metavar="G")
     set_handler(parser, run)

@@ -10,7 +10,7 @@ import argparse
 import logging
 import time
 
-from lookahead.api import check_draft_model
+from lookahead.api import check_draft_model, resolve_auto_shape
 from lookahead.commands.common import (
     UsageError,
     add_method_args,
@@ -90,6 +90,8 @@ def run_serve(args: argparse.Namespace) -> int:
     if args.method != "draft":
         args.draft_model = None
     model, tokenizer, options = load(args)
+    if args.method == "lookahead":
+        options = resolve_auto_shape(model, options)  # once, not per request
     draft = options.pop("draft_model", None)
     if draft is None and draft_name:
         draft, _ = load_named("--draft-model", draft_name, args.dtype)

@@ -99,8 +99,8 @@ def add_shape_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--shape",
         type=shape_arg,
-        help="lookahead shape: 'auto' (this machine's tuned profile, see `lookahead tune`) "
-        "or WINDOWxNGRAMxGUESS, e.g. 7x5x7",
+        help="lookahead shape: 'auto' (the default: this machine's tuned profile, see "
+        "`lookahead tune`, else W2 N5 G4) or WINDOWxNGRAMxGUESS, e.g. 7x5x7",
     )
     parser.add_argument("--window", type=int_in(1, MAX_WINDOW), metavar="W", help="window W")
     parser.add_argument("--ngram", type=int_in(2, MAX_NGRAM), metavar="N", help="n-gram size N")
@@ -108,16 +108,16 @@ def add_shape_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def shape_from_args(args: argparse.Namespace) -> dict[str, int]:
-    """The lookahead shape asked for: --shape (auto: the saved profile), then --window etc.
+    """The lookahead shape asked for: --shape (auto, the default: the saved profile), then
+    --window etc.
 
     Returns ``dict(window=, ngram=, guess=)``; validated later by ``LookaheadConfig``.
     """
-    from lookahead.bench.tune import DEFAULT_SHAPE, resolve_shape
+    from lookahead.bench.tune import resolve_shape
 
-    shape = dict(DEFAULT_SHAPE)
-    if args.shape == "auto":
+    if args.shape in (None, "auto"):
         shape = resolve_shape(args.model, args.dtype, cache_dir=args.cache_dir)
-    elif args.shape is not None:
+    else:
         shape = dict(zip(("window", "ngram", "guess"), args.shape, strict=True))
     for name in ("window", "ngram", "guess"):
         if getattr(args, name) is not None:

@@ -72,9 +72,10 @@ def generate(model, input_ids, max_new_tokens: int = 256, method: str = "lookahe
 
     ``method`` is "autoregressive", "lookahead" (options window, ngram, guess, prompt_pool,
     output_pool; ``window="auto"`` takes the shape ``lookahead tune`` saved for this model and
-    machine, see ``resolve_auto_shape``), "prompt_lookup" (num_draft_tokens, max_ngram, min_ngram) or "draft"
-    (draft_model, num_draft_tokens, lookup_tokens, lookup_ngram). Sampling options for every method: do_sample,
-    temperature, top_k, top_p, seed; ``eos_token_id`` overrides the model's own.
+    machine, see ``resolve_auto_shape``), "prompt_lookup" (num_draft_tokens, max_ngram,
+    min_ngram) or "draft" (draft_model, num_draft_tokens, lookup_tokens, lookup_ngram).
+    Sampling options for every method: do_sample, temperature, top_k, top_p, seed;
+    ``eos_token_id`` overrides the model's own.
     Greedy output is token-for-token that of ``model.generate(do_sample=False)``.
     """
     stream_ = stream(model, input_ids, max_new_tokens, method, **options)

@@ -15,9 +15,8 @@ more and accepts more. Which trade wins depends on the machine. The tuner:
    is predicted faster by more than ``margin`` (a smaller lead is within the noise);
 4. saves a profile ``<cache>/profiles/<model>-<dtype>-<device>.json`` and a PNG of the curve.
 
-``resolve_shape(model, dtype)`` then gives the saved best shape (or ``DEFAULT_SHAPE``). The
-library itself never reads profiles: ``--shape auto`` in the command line resolves it before
-decoding starts.
+``resolve_shape(model, dtype)`` then gives the saved best shape (or ``DEFAULT_SHAPE``);
+``lookahead.generate(..., window="auto")`` and the commands, when no window is given, use it.
 
 Example::
 

@@ -77,6 +77,10 @@ def window_arg(text: str) -> int | str:
     """An argparse ``type`` for ``--window``: "auto" (the tuned shape) or an int window."""
     if text.strip().lower() == "auto":
         return "auto"
+    try:
+        int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected 'auto' or an integer, got {text!r}") from None
     return int_in(1, MAX_WINDOW)(text)
 
 

@@ -108,10 +108,15 @@ class TuneConfig:
             LookaheadConfig(*shape)
         if not 0.0 <= self.margin < 1.0:
             raise ValueError(f"margin must be in [0, 1), got {self.margin!r}")
-        if not [name for name in self.dataset.split(",") if name.strip()]:
+        if not self.datasets:
             raise ValueError(f"dataset must name at least one data set, got {self.dataset!r}")
         if self.select not in SELECT:
             raise ValueError(f"select must be one of {', '.join(SELECT)}, got {self.select!r}")
+
+    @property
+    def datasets(self) -> list[str]:
+        """The data sets named in ``dataset``."""
+        return [name.strip() for name in self.dataset.split(",") if name.strip()]
 
 
 # ----------------------------------------------------------------------------- measuring
@@ -229,11 +234,8 @@ def measure_shape(model, prompts: list[torch.Tensor], shape, max_new_tokens: int
 def tune(config: TuneConfig, progress: Progress | None = None, save: bool = True) -> dict:
     """Measure the curve and the shapes, choose the best, save the profile; return it."""
     model, tokenizer = load_model(config.model, config.dtype, cache_dir=config.cache_dir)
-    prompts = [
-        encode_prompt(tokenizer, p)
-        for name in config.dataset.split(",") if name.strip()
-        for p in load_prompts(name.strip(), config.limit)
-    ]
+    prompts = [encode_prompt(tokenizer, p)
+               for name in config.datasets for p in load_prompts(name, config.limit)]
     total = 1 + len(config.shapes)
     _report(progress, 0, total, "forward-cost curve")
     curve = forward_cost_curve(model, prompts[0], config.tokens, config.repeats)

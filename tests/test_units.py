@@ -21,11 +21,11 @@ from transformers import DynamicCache
 import lookahead
 from lookahead.attention import Branch, TokenTree, attention_mask, layout_step
 from lookahead.cache import cache_length, keep_new
-from lookahead.config import DraftConfig, SamplingConfig
+from lookahead.config import DraftConfig, LookaheadConfig, SamplingConfig
 from lookahead.decode import Decoder, fit_budget
 from lookahead.proposers.base import NoProposer, Proposal, StepOutcome
 from lookahead.proposers.draft import DraftProposer
-from lookahead.proposers.lookahead import NGramPool, window_visibility
+from lookahead.proposers.lookahead import LookaheadProposer, NGramPool, window_visibility
 from lookahead.proposers.prompt_lookup import find_continuation
 from lookahead.server.shapes import prefill_length, prefill_lengths
 from lookahead.stats import GenerationStats
@@ -266,6 +266,21 @@ def test_ngram_pool_add_all_from_start():
     assert pool.get(6) == []
     pool.add_all([5, 5])  # shorter than n
     assert pool.get(5) == []
+
+
+def test_lookahead_proposer_feeds_nothing_when_the_step_holds_x0_alone():
+    config = LookaheadConfig(window=3, ngram=3, guess=2)
+    proposer = LookaheadProposer(config)
+    text = [5, 6, 7, 5, 6, 8, 5]
+    proposer.start(text)
+    assert proposer.propose(text, max_tokens=0) == Proposal()  # no candidates, no window
+    # Without a window's logits the window stays as it was; the pool still learns the text.
+    proposer.update(text + [6], StepOutcome([6], 0, None))
+    assert len(proposer.levels) == 1 and proposer.pool.get(5) == [[6, 8], [6, 7]]
+    proposal = proposer.propose(text + [6], max_tokens=1)
+    # The copy after the first "5 6", then the pool's tails of x0 = 6, newest first, cut to 1.
+    assert proposal.candidates == [[7], [8], [7]]
+    assert proposal.branch is not None and len(proposal.branch.tokens) == 3
 
 
 # --- prompt-lookup matching ----------------------------------------------------------------

@@ -46,7 +46,8 @@ class Proposer(Protocol):
         """Reset for a new text whose prompt is ``prompt``."""
 
     def propose(self, context: list[int], max_tokens: int) -> Proposal:
-        """Candidates following ``context[-1]`` (x0), each at most ``max_tokens`` long."""
+        """Candidates following ``context[-1]`` (x0), each at most ``max_tokens`` long; at
+        ``max_tokens <= 0`` the step feeds x0 alone and nothing need be proposed."""
 
     def update(self, context: list[int], outcome: StepOutcome) -> None:
         """Learn from the step; ``context`` already ends with ``outcome.committed``."""

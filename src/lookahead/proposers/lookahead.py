@@ -101,7 +101,10 @@ class LookaheadProposer:
     def propose(self, context: list[int], max_tokens: int) -> Proposal:
         cfg = self.config
         if max_tokens <= 0:
-            return Proposal(branch=self._branch())
+            # The step feeds x0 alone (a busy server's share of one token) or is the text's
+            # last: the window is of no use either. Proposing nothing, at no cost, lets a
+            # request of ours decode as cheaply as a plain one when the server is busy.
+            return Proposal()
         candidates = [c[:max_tokens] for c in self.pool.get(context[-1])]
         if cfg.lookup_ngram >= 2:
             length = min(cfg.lookup_tokens, max_tokens)

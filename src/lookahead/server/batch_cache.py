@@ -2,15 +2,17 @@
 
 One ``DynamicCache`` holds every running request: in each layer keys and values are
 ``[B, H, S, D]``, one row per request. Rows have different lengths and a step keeps a different
-number of entries in each row, so instead of deleting entries we keep, beside the tensors,
+number of entries in each row, so instead of deleting every rejected entry we keep, beside
+the tensors,
 
 * ``valid``: bool ``[B, S]``, whether column s of row b holds one of that request's cached
   tokens (prompt, or a token a step accepted);
 * ``positions``: long ``[B, S]``, the absolute position of each entry (for sliding windows).
 
 A step feeds every row ``T`` tokens (each request's step input, padded to the longest), so the
-model appends T columns to every row; afterwards only each request's x0 and accepted nodes are
-marked valid. The 4D mask hides everything else. When rows carry many invalid columns,
+model appends T columns to every row; afterwards each request's x0 and accepted nodes move to
+the front of those columns and the columns no row kept are cut (``keep``). A row that keeps
+fewer than another leaves invalid columns, which the 4D mask hides. When rows carry many,
 ``compact`` gathers the valid ones to the left.
 
 Example (two requests, S=4, a step of T=3)::
@@ -18,8 +20,8 @@ Example (two requests, S=4, a step of T=3)::
     valid before      [[1 1 1 0]      row 1 was added with a 3-token prompt
                        [1 1 1 1]]
     step rows kept    row 0: [0, 2]   row 1: [0]
-    valid after       [[1 1 1 0 | 1 0 1]
-                       [1 1 1 1 | 1 0 0]]
+    valid after       [[1 1 1 0 | 1 1]
+                       [1 1 1 1 | 1 0]]
 """
 
 from __future__ import annotations
@@ -168,10 +170,35 @@ class BatchedCache:
         self.valid = torch.cat([self.valid, torch.zeros(batch, width, dtype=torch.bool)], dim=1)
         self.positions = torch.cat([self.positions, position_ids], dim=1)
 
-    def keep(self, row: int, width: int, step_rows: list[int]) -> None:
-        """Mark the step entries ``step_rows`` (indices into the last ``width`` columns) valid."""
-        start = self.columns - width
-        self.valid[row, torch.tensor(step_rows, dtype=torch.long) + start] = True
+    def keep(self, width: int, kept: list[list[int]]) -> None:
+        """After a step of ``width`` columns, keep row b's step entries ``kept[b]`` (indices
+        into the step's columns, increasing): each row's kept entries move to the front of the
+        step's columns, and the columns that no row needs any more are cut at once.
+
+        A step thus leaves ``max(len(kept[b]))`` columns rather than ``width``, and only rows
+        that keep fewer than the most leave waste for ``compact``. Alone, a request's cache
+        stays as tight as in ``Decoder``'s own loop. The move touches the step's columns only.
+        """
+        start, keep = self.columns - width, max((len(rows) for rows in kept), default=0)
+        counts = torch.tensor([len(rows) for rows in kept])
+        self.valid[:, start:] = torch.arange(width).unsqueeze(0) < counts.unsqueeze(1)
+        if any(rows != list(range(len(rows))) for rows in kept):
+            index = torch.zeros(len(kept), keep, dtype=torch.long)  # padding: any column
+            for b, rows in enumerate(kept):
+                index[b, : len(rows)] = torch.tensor(rows, dtype=torch.long)
+            for layer in self.cache.layers:
+                heads, dim = layer.keys.shape[1], layer.keys.shape[3]
+                gather = index[:, None, :, None].expand(-1, heads, -1, dim)
+                # gather copies before the write, and entries only move to lower columns.
+                for entries in (layer.keys, layer.values):
+                    entries[:, :, start : start + keep] = entries[:, :, start:].gather(2, gather)
+            self.positions[:, start : start + keep] = self.positions[:, start:].gather(1, index)
+        if keep < width:
+            for layer in self.cache.layers:  # views: the next step's append copies anyway
+                layer.keys = layer.keys[:, :, : start + keep]
+                layer.values = layer.values[:, :, : start + keep]
+            self.valid = self.valid[:, : start + keep]
+            self.positions = self.positions[:, : start + keep]
 
     def wasted(self) -> float:
         """Fraction of columns the longest row does not need (what ``compact`` would save)."""

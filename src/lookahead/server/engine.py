@@ -411,14 +411,16 @@ class Engine:
         self.metrics.forward_tokens.observe(batch.input_ids.numel())
         self.metrics.batch_size.observe(len(plans))
         self.metrics.step_budget.observe(budget)
-        done, committed = [], []
+        done, committed, kept = [], [], []
         for row, (request, plan, logits) in enumerate(
             zip(self._running, plans, self._cache.split_logits(batch, out.logits))
         ):
-            finished, count = self._finish_step(request, plan, logits, row, batch.width)
+            finished, count, keep = self._finish_step(request, plan, logits)
             committed.append(count)
+            kept.append(keep)
             if finished:
                 done.append(row)
+        self._cache.keep(batch.width, kept)
         seconds = time.perf_counter() - started
         methods = [request.method for request in self._running]  # _plan may have dropped some
         self.budget.observe(methods, budget, committed, batch.input_ids.numel(), seconds)
@@ -443,18 +445,18 @@ class Engine:
             self._remove([row], error=error)
         return plans
 
-    def _finish_step(self, request: _Request, plan: StepPlan, logits: torch.Tensor,
-                     row: int, width: int) -> tuple[bool, int]:
-        """Verify and accept one request's step: (whether it is done, tokens committed)."""
+    def _finish_step(self, request: _Request, plan: StepPlan,
+                     logits: torch.Tensor) -> tuple[bool, int, list[int]]:
+        """Verify and accept one request's step: whether it is done, how many tokens it
+        committed, and which of its step entries stay in the cache."""
         try:
             committed, keep = request.decoder.finish(plan, logits)
         except Exception as error:
             logger.exception("verifying %s failed", request.handle.id)
             self._fail(request, error)
-            return True, 0
-        self._cache.keep(row, width, keep)
+            return True, 0, []
         self.metrics.record_step(request.method, request.decoder.stats)
-        return self._deliver(request, committed), len(committed)
+        return self._deliver(request, committed), len(committed), keep
 
     # ------------------------------------------------------------------ requests' lifecycle
 

@@ -105,7 +105,7 @@ def test_tune_writes_a_profile_that_shape_auto_reads(tiny, capsys) -> None:
         "--shapes", "2x2x2,3x3x3", "--cache-dir", str(cache),
     ]  # fmt: skip
     assert main(argv) == 0
-    assert "| W | N | G |" in capsys.readouterr().out
+    assert f"| predicted tok/s {tiny['prompts']} |" in capsys.readouterr().out
 
     path = profile_path(model, "float64", cache_dir=cache)
     assert path.name.endswith("-float64-cpu.json")
@@ -118,6 +118,10 @@ def test_tune_writes_a_profile_that_shape_auto_reads(tiny, capsys) -> None:
         (2, 2, 2),
         (3, 3, 3),
     ]
+    for shape in profile["shapes"]:  # one data set here: its prediction is the whole one
+        per_set = shape["predicted_per_dataset"]
+        assert list(per_set) == [str(tiny["prompts"])]
+        assert per_set[str(tiny["prompts"])] == pytest.approx(shape["predicted_tokens_per_second"])
     best = max(profile["shapes"], key=lambda s: s["predicted_tokens_per_second"])
     expected = dict(window=best["window"], ngram=best["ngram"], guess=best["guess"])
     assert profile["best"] == expected
@@ -163,6 +167,23 @@ def test_tuner_keeps_the_default_unless_another_clearly_leads(lead, chosen) -> N
     assert choose_shape(rows, margin=0.03) is (default if chosen == "default" else other)
     assert choose_shape(rows, margin=0.0) is other
     assert choose_shape([other], margin=0.5) is other  # no default among the shapes
+
+
+def test_tuner_keeps_the_default_over_a_shape_that_is_slower_on_one_data_set() -> None:
+    def row(shape, code, chat):
+        per_set = dict(humaneval=code, mtbench=chat)
+        return dict(zip(("window", "ngram", "guess"), shape), predicted_per_dataset=per_set,
+                    predicted_tokens_per_second=(code + chat) / 2)
+
+    default = row(tuple(DEFAULT_SHAPE.values()), 50.0, 30.0)
+    chat_only = row((2, 4, 4), 49.0, 40.0)  # 10 % faster overall, 2 % slower on code
+    assert choose_shape([default, chat_only], margin=0.03) is default
+    both = row((1, 4, 6), 50.5, 34.0)  # only 6 % faster overall, but on both sets
+    assert choose_shape([default, chat_only, both], margin=0.03) is both
+    # Chosen by measured timing, the per-set predictions do not apply.
+    chat_only["measured_tokens_per_second"], default["measured_tokens_per_second"] = 45.0, 40.0
+    both["measured_tokens_per_second"] = 41.0
+    assert choose_shape([default, chat_only, both], "measured", margin=0.03) is chat_only
 
 
 def test_tune_rejects_a_bad_margin_or_no_data_set() -> None:

@@ -12,7 +12,8 @@ more and accepts more. Which trade wins depends on the machine. The tuner:
 3. predicts each shape's decoding speed, ``tokens / sum(cost(forward tokens of each step))``,
    from the curve (robust against a noisy machine: the acceptance, not the timing, comes from
    the short sample runs), and picks the fastest -- but keeps the default shape unless another
-   is predicted faster by more than ``margin`` (a smaller lead is within the noise);
+   is predicted faster by more than ``margin`` (a smaller lead is within the noise) and no
+   slower on any one data set;
 4. saves a profile ``<cache>/profiles/<model>-<dtype>-<device>.json`` and a PNG of the curve.
 
 ``resolve_shape(model, dtype)`` then gives the saved best shape (or ``DEFAULT_SHAPE``);
@@ -76,7 +77,7 @@ class TuneConfig:
     by the curve's prediction ("predicted") or by the sample runs' own timing ("measured").
     ``dataset`` is one data set or several, comma-separated: the first ``limit`` prompts of
     each are sampled. ``margin``: another shape replaces the default only if it is predicted
-    faster by more than this fraction."""
+    faster by more than this fraction (and no slower on any data set)."""
 
     model: str = DEFAULT_MODEL
     dtype: str = "bfloat16"
@@ -191,8 +192,10 @@ def cost_at(curve: Mapping, k: float) -> float:
     return max(s0 + (s1 - s0) * (k - k0) / (k1 - k0), 0.0)
 
 
-def measure_shape(model, prompts: list[torch.Tensor], shape, max_new_tokens: int, curve) -> dict:
-    """Run lookahead with ``shape`` on ``prompts``; its acceptance, timing and predicted speed.
+def measure_shape(model, prompts: Mapping[str, list[torch.Tensor]], shape, max_new_tokens: int,
+                  curve) -> dict:
+    """Run lookahead with ``shape`` on ``prompts`` (data set -> prompts); its acceptance,
+    timing and predicted speed, overall and per data set (``predicted_per_dataset``).
 
     Decoding figures leave the prefill out: ``tokens_per_step`` is tokens after the first per
     decoding step, ``predicted_tokens_per_second`` those tokens over the curve's cost of each
@@ -202,18 +205,23 @@ def measure_shape(model, prompts: list[torch.Tensor], shape, max_new_tokens: int
     new = steps = 0
     seconds = decode_seconds = predicted_seconds = 0.0
     forward: list[int] = []
-    for input_ids in prompts:
-        result = lookahead.generate(
-            model, input_ids, max_new_tokens, "lookahead", window=window, ngram=ngram, guess=guess
-        )
-        stats = result.stats
-        new += stats.new_tokens - 1
-        steps += stats.steps - 1
-        seconds += stats.seconds
-        decode_seconds += stats.seconds - stats.time_to_first_token
-        step_tokens = stats.forward_tokens_per_step[1:]
-        forward += step_tokens
-        predicted_seconds += sum(cost_at(curve, t) for t in step_tokens)
+    per_dataset: dict[str, float] = {}
+    for name, inputs in prompts.items():
+        set_new, set_seconds = 0, 0.0
+        for input_ids in inputs:
+            result = lookahead.generate(model, input_ids, max_new_tokens, "lookahead",
+                                        window=window, ngram=ngram, guess=guess)
+            stats = result.stats
+            new += stats.new_tokens - 1
+            set_new += stats.new_tokens - 1
+            steps += stats.steps - 1
+            seconds += stats.seconds
+            decode_seconds += stats.seconds - stats.time_to_first_token
+            step_tokens = stats.forward_tokens_per_step[1:]
+            forward += step_tokens
+            set_seconds += sum(cost_at(curve, t) for t in step_tokens)
+        predicted_seconds += set_seconds
+        per_dataset[name] = set_new / set_seconds if set_seconds > 0 else 0.0
     mean_forward = sum(forward) / len(forward) if forward else 1.0
     return dict(
         window=window,
@@ -223,6 +231,7 @@ def measure_shape(model, prompts: list[torch.Tensor], shape, max_new_tokens: int
         mean_forward_tokens=mean_forward,
         measured_tokens_per_second=new / decode_seconds if decode_seconds > 0 else 0.0,
         predicted_tokens_per_second=new / predicted_seconds if predicted_seconds > 0 else 0.0,
+        predicted_per_dataset=per_dataset,
         measured_step_ms=1000 * decode_seconds / steps if steps else 0.0,
         predicted_step_ms=1000 * predicted_seconds / steps if steps else 0.0,
     )
@@ -234,17 +243,18 @@ def measure_shape(model, prompts: list[torch.Tensor], shape, max_new_tokens: int
 def tune(config: TuneConfig, progress: Progress | None = None, save: bool = True) -> dict:
     """Measure the curve and the shapes, choose the best, save the profile; return it."""
     model, tokenizer = load_model(config.model, config.dtype, cache_dir=config.cache_dir)
-    prompts = [encode_prompt(tokenizer, p)
-               for name in config.datasets for p in load_prompts(name, config.limit)]
+    prompts = {name: [encode_prompt(tokenizer, p) for p in load_prompts(name, config.limit)]
+               for name in config.datasets}
+    first = next(iter(prompts.values()))[0]
     total = 1 + len(config.shapes)
     _report(progress, 0, total, "forward-cost curve")
-    curve = forward_cost_curve(model, prompts[0], config.tokens, config.repeats)
+    curve = forward_cost_curve(model, first, config.tokens, config.repeats)
     rows = []
     for index, shape in enumerate(config.shapes, start=1):
         _report(progress, index, total, "W={} N={} G={}".format(*shape))
         lookahead.generate(
             model,
-            prompts[0],
+            first,
             min(config.max_new_tokens, 32),
             "lookahead",
             window=shape[0],
@@ -264,7 +274,7 @@ def tune(config: TuneConfig, progress: Progress | None = None, save: bool = True
         torch=torch.__version__,
         transformers=transformers.__version__,
         dataset=config.dataset,
-        prompts=len(prompts),
+        prompts=sum(len(inputs) for inputs in prompts.values()),
         max_new_tokens=config.max_new_tokens,
         select=config.select,
         margin=config.margin,
@@ -280,14 +290,26 @@ def tune(config: TuneConfig, progress: Progress | None = None, save: bool = True
 
 def choose_shape(rows: list[dict], select: str = "predicted", margin: float = 0.0) -> dict:
     """The row of the fastest shape by ``{select}_tokens_per_second``; the default shape's row
-    instead when it is among them and the fastest leads it by no more than ``margin``."""
+    instead when it is among them and the fastest leads it by no more than ``margin``.
+
+    With ``select="predicted"``, a shape only replaces the default if it is also predicted no
+    slower on any data set (``predicted_per_dataset``): a shape that wins on chat by more than
+    it loses on code would otherwise make code slower for whoever decodes code.
+    """
     key = f"{select}_tokens_per_second"
-    best = max(rows, key=lambda row: row[key])
     default = next((row for row in rows if all(row[k] == v for k, v in DEFAULT_SHAPE.items())),
                    None)
+    if default is not None and select == "predicted":
+        rows = [row for row in rows if row is default or _no_set_slower(row, default)]
+    best = max(rows, key=lambda row: row[key])
     if default is not None and best[key] <= default[key] * (1.0 + margin):
         return default
     return best
+
+
+def _no_set_slower(row: dict, default: dict) -> bool:
+    ours, theirs = row.get("predicted_per_dataset", {}), default.get("predicted_per_dataset", {})
+    return all(ours.get(name, 0.0) >= rate for name, rate in theirs.items())
 
 
 def _report(progress: Progress | None, done: int, total: int, description: str) -> None:

@@ -75,7 +75,7 @@ def register(subparsers) -> None:
     )
     parser.add_argument("--margin", type=float, default=0.03,
                         help="keep the default shape unless another is predicted faster by "
-                        "more than this fraction (0.03)")
+                        "more than this fraction (0.03), and no slower on any data set")
     parser.add_argument("--no-save", action="store_true", help="print, but save no profile")
     parser.set_defaults(func=run)
 
@@ -142,6 +142,7 @@ def profile_table(profile: dict) -> str:
     """The curve and the shapes as Markdown."""
     curve = profile["curve"]
     base = profile["autoregressive_predicted_tokens_per_second"]
+    sets = list(profile["shapes"][0].get("predicted_per_dataset", {})) if profile["shapes"] else []
     lines = [
         (
             f"{profile['model']} {profile['dtype']} on {profile['device']}, "
@@ -156,15 +157,18 @@ def profile_table(profile: dict) -> str:
         "",
         (
             "| W | N | G | tokens/step | fwd tokens | predicted tok/s | predicted speed-up "
-            "| measured tok/s | step ms predicted/measured |"
+            f"| predicted tok/s {' / '.join(sets)} | measured tok/s "
+            "| step ms predicted/measured |"
         ),
-        "|--:|--:|--:|--:|--:|--:|--:|--:|--:|",
+        "|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|",
     ]
     for row in profile["shapes"]:
+        per_set = row.get("predicted_per_dataset", {})
         lines.append(
             f"| {row['window']} | {row['ngram']} | {row['guess']} | {row['tokens_per_step']:.2f} "
             f"| {row['mean_forward_tokens']:.1f} | {row['predicted_tokens_per_second']:.1f} "
             f"| {row['predicted_tokens_per_second'] / base:.2f}x "
+            f"| {' / '.join(f'{per_set.get(name, 0.0):.1f}' for name in sets)} "
             f"| {row['measured_tokens_per_second']:.1f} "
             f"| {row['predicted_step_ms']:.1f} / {row['measured_step_ms']:.1f} |"
         )

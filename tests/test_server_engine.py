@@ -404,6 +404,28 @@ def test_budget_policy_falls_back_to_plain_decoding_when_speculation_measures_sl
     assert 1 <= tries <= 20
 
 
+def test_budget_policy_needs_a_clear_predicted_lead_to_speculate_in_a_new_batch() -> None:
+    """Small batches teach the line (50 ms + 1 ms per token) and the gains. For 16 requests it
+    then predicts a share of 2 (1.34 tokens each in 82 ms) 8 % faster than one token each
+    (16 ms less) -- within the line's error for many requests, so the new batch starts with
+    one token each; a share predicted 20 % faster is taken at once."""
+    for gain_2, first in ((1.34, 1), (1.49, 2)):
+        policy = BudgetPolicy(64, explore=0.1, seed=3)
+        gain = {1: 1.0, 2: gain_2, 4: 1.6, 8: 1.8, 16: 1.9, 32: 2.0, 64: 2.1}
+        for _ in range(100):
+            for running in (1, 2, 4, 8):
+                batch = ["lookahead"] * running
+                share = policy.choose(batch)
+                policy.observe(batch, share, [gain[share]] * running,
+                               forward_tokens=running * share,
+                               seconds=0.05 + 0.001 * running * share)
+        batch = ["lookahead"] * 16
+        lead = policy.predicted_rate(batch, 2) / policy.predicted_rate(batch, 1)
+        assert lead == pytest.approx(gain_2 * 66 / 82, rel=0.02)
+        policy.explore = 0.0
+        assert policy.choose(batch) == first
+
+
 def test_budget_policy_speculates_where_it_measures_faster_than_predicted() -> None:
     """The reverse case. Small batches (1 to 8 requests) pay 50 ms + 3 ms per token, and
     keep the cost line steep: it predicts that 16 requests do best with one token each. But a

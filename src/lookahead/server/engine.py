@@ -64,7 +64,10 @@ class EngineConfig:
     adaptive_budget: below the ceiling ``step_token_budget // running``, give each request the
         share that measured best (``BudgetPolicy``); False always gives the ceiling.
     explore: with ``adaptive_budget``, the fraction of steps that try a neighbouring share.
-    compact_waste: compact the cache when this fraction of its columns is waste.
+    compact_waste: compact the cache when this fraction of its columns is waste. Every step
+        copies the whole cache (``DynamicCache`` appends by concatenation) and attends over it,
+        so waste costs each step, while a compaction costs about one step's copy: at 16
+        requests on SmolLM2, 0.1 ran 1.07-1.27x faster than 0.5 in each of 4 alternating runs.
     compact_min_columns: ... but not before it has this many columns.
     prefill_buckets: prefill prompts right-padded to a few lengths (``shapes.prefill_length``)
         so that the memory oneDNN keeps per forward shape stays bounded.
@@ -79,7 +82,7 @@ class EngineConfig:
     prefill_token_budget: int = 512
     adaptive_budget: bool = True
     explore: float = 0.1
-    compact_waste: float = 0.5
+    compact_waste: float = 0.1
     compact_min_columns: int = 64
     prefill_buckets: bool = True
     warm_up: bool = False

@@ -161,7 +161,7 @@ class BudgetPolicy:
         predicted = self.predicted_rate(methods, share)
         if predicted is None:
             return None
-        # Predicted speculation must lead by a margin: the line errs in its favour (below).
+        # Predicted speculation must lead by a margin: the line errs in its favour.
         return predicted / len(methods) / (1.0 + _PREDICTION_MARGIN if share > 1 else 1.0)
 
     def _measured(self, key: tuple[str, ...], share: int) -> bool:

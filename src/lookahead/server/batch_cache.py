@@ -194,11 +194,7 @@ class BatchedCache:
                     entries[:, :, start : start + keep] = entries[:, :, start:].gather(2, gather)
             self.positions[:, start : start + keep] = self.positions[:, start:].gather(1, index)
         if keep < width:
-            for layer in self.cache.layers:  # views: the next step's append copies anyway
-                layer.keys = layer.keys[:, :, : start + keep]
-                layer.values = layer.values[:, :, : start + keep]
-            self.valid = self.valid[:, : start + keep]
-            self.positions = self.positions[:, : start + keep]
+            self._cut_columns(start + keep, copy=False)  # the next step's append copies anyway
 
     def wasted(self) -> float:
         """Fraction of columns the longest row does not need (what ``compact`` would save)."""
@@ -237,11 +233,16 @@ class BatchedCache:
         """Cut trailing columns that no row uses (after rows were removed)."""
         used = self.valid.any(dim=0).nonzero()
         width = int(used[-1]) + 1 if len(used) else 0
-        if width == self.columns:
-            return
+        if width != self.columns:
+            self._cut_columns(width, copy=True)  # copies, so the cut columns' memory is freed
+
+    def _cut_columns(self, width: int, copy: bool) -> None:
+        """Keep the first ``width`` columns: views of the tensors, or copies if ``copy``."""
         for layer in self.cache.layers:
-            layer.keys = layer.keys[:, :, :width].contiguous()
-            layer.values = layer.values[:, :, :width].contiguous()
+            keys, values = layer.keys[:, :, :width], layer.values[:, :, :width]
+            if copy:
+                keys, values = keys.contiguous(), values.contiguous()
+            layer.keys, layer.values = keys, values
         self.valid = self.valid[:, :width]
         self.positions = self.positions[:, :width]
 

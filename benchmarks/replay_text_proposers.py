@@ -1,0 +1,140 @@
+"""How far can candidates copied from the text go? Replay the proposers on recorded outputs.
+
+Under greedy decoding, which proposed tokens a step accepts depends only on the text the model
+writes, not on timing. So the baseline's outputs in a ``lookahead bench`` results.json let us
+replay every *text-only* proposer -- prompt lookup, and lookahead's n-gram pool and lookup
+without its Jacobi window -- with no model at all: per step, the tokens accepted and the tokens
+the step would feed. With a tuned forward-cost curve (``lookahead tune``) that gives a predicted
+speed-up over one-token decoding. This bounds what the text itself offers on a data set; the
+lookahead window adds its own n-grams on top, at the cost of its W x (N - 1) tokens per step.
+
+    python benchmarks/replay_text_proposers.py docs/results/qwen2.5-coder-1.5b-humaneval-hf-pld.json
+
+Prints, per proposer: tokens per decoding step, mean tokens fed per step and, when the model has
+a saved profile, the predicted speed-up (one-token cost x tokens / sum of each step's cost).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from lookahead.attention import TokenTree
+from lookahead.bench.args import quiet_loading
+from lookahead.bench.tune import cost_at, load_profile
+from lookahead.config import LookaheadConfig, PromptLookupConfig
+from lookahead.datasets import encode_prompt, load_prompts
+from lookahead.models import load_model
+from lookahead.proposers.base import Proposal, StepOutcome
+from lookahead.proposers.lookahead import LookaheadProposer
+from lookahead.proposers.prompt_lookup import PromptLookupProposer, find_continuation
+
+
+class FirstMatch:
+    """Hugging Face's prompt lookup as configured by default: up to ``length`` tokens after the
+    first earlier occurrence of the last 2-gram, else 1-gram."""
+
+    def __init__(self, length: int) -> None:
+        self.length = length
+
+    def start(self, prompt):
+        pass
+
+    def propose(self, context, max_tokens):
+        match = find_continuation(context, 2, 1, min(self.length, max_tokens))
+        return Proposal([match] if match else [])
+
+    def update(self, context, outcome):
+        pass
+
+
+def accepted_path(tree: TokenTree, truth: list[int]) -> int:
+    """How many of ``truth``'s tokens the candidate trie holds as a root path."""
+    node = depth = 0
+    while depth < len(truth) and truth[depth] in tree.children[node]:
+        node = tree.children[node][truth[depth]]
+        depth += 1
+    return depth
+
+
+def replay(proposer, texts: list[tuple[list[int], list[int]]], extra: int = 0
+           ) -> tuple[int, list[int]]:
+    """(tokens after the first, fed tokens of each decoding step) over ``texts``, each a
+    (prompt ids, greedy output ids) pair; the first output token comes from the prefill.
+
+    Only the proposal's candidates are replayed: a lookahead window needs the model's outputs,
+    so it is left out (its proposer then learns from the text alone) and counted as ``extra``
+    fed tokens per step."""
+    tokens, fed = 0, []
+    for prompt, output in texts:
+        proposer.start(prompt)
+        done = 1
+        while done < len(output):
+            context = prompt + output[:done]
+            proposal = proposer.propose(context, len(output) - done - 1)
+            tree = TokenTree(context[-1], proposal.candidates)
+            accepted = accepted_path(tree, output[done:])
+            committed = output[done : done + accepted + 1]
+            done += len(committed)
+            tokens += len(committed)
+            fed.append(len(tree) + extra)
+            proposer.update(prompt + output[:done], StepOutcome(committed, accepted))
+    return tokens, fed
+
+
+def proposers(window_tokens: int) -> dict[str, tuple[object, int]]:
+    """The text-only proposers to replay, by name, with the extra tokens each step feeds."""
+    table: dict[str, tuple[object, int]] = {
+        f"ours prompt lookup, {n} tokens": (PromptLookupProposer(PromptLookupConfig(n)), 0)
+        for n in (4, 6, 8, 10, 16)
+    }
+    table["HF prompt lookup (2-gram), 10 tokens"] = (FirstMatch(10), 0)
+    for ngram, guess in ((5, 4), (4, 4), (4, 2), (3, 3)):
+        config = LookaheadConfig(window=1, ngram=ngram, guess=guess)
+        name = f"lookahead N{ngram} G{guess} pool + lookup"
+        table[name + ", no window"] = (LookaheadProposer(config), 0)
+        table[name + f" + {window_tokens} window tokens"] = (LookaheadProposer(config),
+                                                              window_tokens)
+    return table
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("results", type=Path, help="a results.json of `lookahead bench`")
+    parser.add_argument("--baseline", default="hf", help="the method whose outputs to replay")
+    parser.add_argument("--window-tokens", type=int, default=8,
+                        help="tokens of the window to add to the fed count (W2 N5: 8)")
+    args = parser.parse_args(argv)
+    results = json.loads(args.results.read_text(encoding="utf-8"))
+    config = results["config"]
+    quiet_loading(args)
+    _, tokenizer = load_model(config["model"], config["dtype"])
+    texts = []
+    for dataset in config["datasets"]:
+        prompts = {p.id: p for p in load_prompts(dataset, config["limit"])}
+        for run in results["runs"]:
+            if run["dataset"] == dataset and run["method"] == args.baseline:
+                ids = encode_prompt(tokenizer, prompts[run["prompt"]])[0].tolist()
+                texts.append((ids, run["tokens"]))
+    if not texts:
+        parser.error(f"no runs of method {args.baseline!r} in {args.results}")
+    profile = load_profile(config["model"], config["dtype"])
+    curve = profile["curve"] if profile else None
+    print(f"{config['model']}: {len(texts)} outputs of {args.baseline!r}, "
+          f"{sum(len(o) for _, o in texts)} tokens; cost curve: "
+          f"{'profile of ' + profile['created'] if profile else 'none saved'}\n")
+    print("| proposer | tokens/step | fed tokens/step | predicted speed-up |")
+    print("|---|--:|--:|--:|")
+    for name, (proposer, extra) in proposers(args.window_tokens).items():
+        tokens, fed = replay(proposer, texts, extra)
+        speed = "-"
+        if curve is not None:
+            speed = f"{tokens * cost_at(curve, 1) / sum(cost_at(curve, k) for k in fed):.2f}x"
+        print(f"| {name} | {tokens / len(fed):.2f} | {sum(fed) / len(fed):.1f} | {speed} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -27,27 +27,9 @@ from lookahead.bench.tune import cost_at, load_profile
 from lookahead.config import LookaheadConfig, PromptLookupConfig
 from lookahead.datasets import encode_prompt, load_prompts
 from lookahead.models import load_model
-from lookahead.proposers.base import Proposal, StepOutcome
+from lookahead.proposers.base import StepOutcome
 from lookahead.proposers.lookahead import LookaheadProposer
-from lookahead.proposers.prompt_lookup import PromptLookupProposer, find_continuation
-
-
-class FirstMatch:
-    """Hugging Face's prompt lookup as configured by default: up to ``length`` tokens after the
-    first earlier occurrence of the last 2-gram, else 1-gram."""
-
-    def __init__(self, length: int) -> None:
-        self.length = length
-
-    def start(self, prompt):
-        pass
-
-    def propose(self, context, max_tokens):
-        match = find_continuation(context, 2, 1, min(self.length, max_tokens))
-        return Proposal([match] if match else [])
-
-    def update(self, context, outcome):
-        pass
+from lookahead.proposers.prompt_lookup import PromptLookupProposer
 
 
 def accepted_path(tree: TokenTree, truth: list[int]) -> int:
@@ -90,7 +72,9 @@ def proposers(window_tokens: int) -> dict[str, tuple[object, int]]:
         f"ours prompt lookup, {n} tokens": (PromptLookupProposer(PromptLookupConfig(n)), 0)
         for n in (4, 6, 8, 10, 16)
     }
-    table["HF prompt lookup (2-gram), 10 tokens"] = (FirstMatch(10), 0)
+    # Hugging Face's defaults: the last 2-gram, else 1-gram; 10 tokens.
+    hf = PromptLookupConfig(num_draft_tokens=10, max_ngram=2, min_ngram=1)
+    table["HF prompt lookup (2-gram), 10 tokens"] = (PromptLookupProposer(hf), 0)
     for ngram, guess in ((5, 4), (4, 4), (4, 2), (3, 3)):
         config = LookaheadConfig(window=1, ngram=ngram, guess=guess)
         name = f"lookahead N{ngram} G{guess} pool + lookup"

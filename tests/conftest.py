@@ -12,6 +12,8 @@ import pytest
 import torch
 import transformers
 
+import lookahead
+
 # family -> (model class name, config class name, config fields that family needs)
 FAMILIES = {
     "llama": ("LlamaForCausalLM", "LlamaConfig", {}),
@@ -28,7 +30,9 @@ FAMILIES = {
 
 
 def build_tiny_lm(family: str, seed: int = 0, attn: str = "sdpa", **overrides):
-    """A fresh tiny model of ``family`` with weights drawn from ``torch.manual_seed(seed)``."""
+    """A fresh tiny model of ``family`` with weights drawn from ``torch.manual_seed(seed)``.
+    ``attn="grouped"``: built on "sdpa", then switched to ``lookahead.use_grouped_attention``
+    (the same weights as the "sdpa" model of that seed)."""
     model_name, config_name, extra = FAMILIES[family]
     fields = {
         "vocab_size": 64,
@@ -46,9 +50,11 @@ def build_tiny_lm(family: str, seed: int = 0, attn: str = "sdpa", **overrides):
     fields.update(extra)
     fields.update(overrides)
     config = getattr(transformers, config_name)(**fields)
-    config._attn_implementation = attn
+    config._attn_implementation = "sdpa" if attn == "grouped" else attn
     torch.manual_seed(seed)
     model = getattr(transformers, model_name)(config).to(torch.float64).eval()
+    if attn == "grouped":
+        assert lookahead.use_grouped_attention(model)
     generation = model.generation_config
     generation.eos_token_id = None
     generation.pad_token_id = None

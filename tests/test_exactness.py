@@ -36,6 +36,14 @@ MODEL_CASES = {
     "gemma2-eager": ("gemma2", "eager", {}),
     "gemma3-sliding8": ("gemma3", "sdpa", {"sliding_window": 8}),
     "phi3": ("phi3", "sdpa", {}),
+    # lookahead.grouped_attention (references from the same weights on "sdpa")
+    "llama-grouped": ("llama", "grouped", {}),
+    "qwen2-sliding8-grouped": (
+        "qwen2",
+        "grouped",
+        {"use_sliding_window": True, "sliding_window": 8, "max_window_layers": 1},
+    ),
+    "gemma3-sliding8-grouped": ("gemma3", "grouped", {"sliding_window": 8}),
 }
 
 # name -> (method, options); "self"/"other" stand for the draft model to use
@@ -118,8 +126,11 @@ def case_data(tiny_lm):
             family, attn, overrides = MODEL_CASES[case]
             model = tiny_lm(family, seed=0, attn=attn, **overrides)
             other = tiny_lm(family, seed=1, attn=attn, **overrides)
-            prompts = prompts_for(model)
-            refs = {name: reference(model, ids, NEW_TOKENS) for name, ids in prompts.items()}
+            # The reference is transformers' own attention, whatever ours runs on.
+            stock = tiny_lm(family, seed=0, attn="sdpa" if attn == "grouped" else attn,
+                            **overrides)
+            prompts = prompts_for(stock)
+            refs = {name: reference(stock, ids, NEW_TOKENS) for name, ids in prompts.items()}
             cache[case] = (model, {"self": model, "other": other}, prompts, refs)
         return cache[case]
 

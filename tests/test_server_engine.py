@@ -108,6 +108,24 @@ def test_batched_greedy_equals_generate_alone(model, tokenizer, budget) -> None:
         engine.stop()
 
 
+def test_batched_greedy_with_grouped_attention_equals_stock_generate(model, tokenizer) -> None:
+    """The server's model runs on ``grouped_sdpa`` (``load_model`` switches it): batched steps
+    of several tokens each must still give what the stock model gives alone."""
+    grouped = server_llama()
+    assert lookahead.use_grouped_attention(grouped)
+    engine = Engine(grouped, tokenizer, EngineConfig(step_token_budget=32)).start()
+    try:
+        pending = []
+        for seed, (method, options, length, new) in enumerate(CASES):
+            ids = prompt_ids(seed, length)
+            want = lookahead.generate(model, ids, new, method, **options).new_tokens[0].tolist()
+            pending.append((engine.submit(make_decoder(grouped, ids, new, method, **options)), want))
+        for handle, want in pending:
+            assert _collect(handle)[1].token_ids == want
+    finally:
+        engine.stop()
+
+
 def _check_against_generate(engine, model, cases, first_seed: int) -> None:
     """Submit each (method, options, prompt length, new tokens) case at once, then check that
     every output equals ``lookahead.generate`` alone."""

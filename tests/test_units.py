@@ -20,7 +20,7 @@ from transformers import DynamicCache
 
 import lookahead
 from lookahead.attention import Branch, TokenTree, attention_mask, layout_step
-from lookahead.cache import cache_length, keep_new
+from lookahead.cache import GrowingLayer, cache_length, keep_new, new_cache
 from lookahead.config import DraftConfig, LookaheadConfig, SamplingConfig
 from lookahead.decode import Decoder, fit_budget
 from lookahead.proposers.base import NoProposer, Proposal, StepOutcome
@@ -350,12 +350,12 @@ def test_find_continuation_follows_an_earlier_occurrence(tokens, a, b, length):
     assert result == brute_force_continuation(tokens, max_ngram, min_ngram, length)
 
 
-# --- keep_new on a DynamicCache ------------------------------------------------------------
+# --- the cache: appending in place, keep_new -----------------------------------------------
 
 
 def filled_cache(past: int, step: int, layers: int = 2) -> tuple[DynamicCache, list]:
     """A cache with ``past + step`` positions per layer; entry values encode (layer, pos)."""
-    cache = DynamicCache()
+    cache = new_cache()
     tensors = []
     for layer in range(layers):
         pos = torch.arange(past + step, dtype=torch.float64)
@@ -391,6 +391,51 @@ def test_keep_new_then_the_cache_grows_again():
     assert cache_length(cache) == 7
     assert torch.equal(cache.layers[1].keys[..., 5, :], tensors[1][0][..., 6, :])
     assert torch.equal(cache.layers[0].keys[..., -1:, :], extra)
+
+
+def test_growing_layer_appends_in_place_until_full():
+    layer = GrowingLayer()
+    states = torch.arange(2 * 3 * 10 * 4, dtype=torch.float32).reshape(2, 3, 10, 4)
+    keys, _ = layer.update(states[:, :, :4], -states[:, :, :4])
+    first = keys.data_ptr()
+    for end in range(5, 11):  # one column at a time, as decoding does
+        keys, values = layer.update(states[:, :, end - 1 : end], -states[:, :, end - 1 : end])
+        assert keys.data_ptr() == first  # written after the earlier columns, nothing copied
+    assert torch.equal(keys, states) and torch.equal(values, -states)
+    big = torch.ones(2, 3, GrowingLayer.SPARE + 10, 4)
+    keys, _ = layer.update(big, big)  # beyond the spare columns: new buffers, same content
+    assert keys.data_ptr() != first
+    assert torch.equal(keys[:, :, :10], states) and torch.equal(keys[:, :, 10:], big)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["append", "crop", "keep", "rows"]),
+                          st.integers(1, 5)), max_size=25))
+def test_growing_layer_holds_what_concatenation_holds(operations):
+    """Appends, crops, ``keep_new`` and a batch's row surgery (replacing the tensors) leave the
+    same entries in our cache as in transformers' ``DynamicCache``."""
+    ours, theirs = new_cache(), DynamicCache()
+    generator = torch.Generator().manual_seed(len(operations))
+    for cache in (ours, theirs):  # a 3-row prompt of 2 columns
+        cache.update(torch.zeros(3, 2, 2, 4), torch.ones(3, 2, 2, 4), 0)
+    for operation, size in operations:
+        length, rows = cache_length(theirs), theirs.layers[0].keys.shape[0]
+        if operation == "append":
+            new = torch.randn(rows, 2, size, 4, generator=generator)
+            for cache in (ours, theirs):
+                cache.update(new, 2 * new, 0)
+        elif operation == "crop" and size < length:
+            for cache in (ours, theirs):
+                cache.crop(-size)
+        elif operation == "keep" and size < length:
+            for cache in (ours, theirs):
+                keep_new(cache, length - size, list(range(0, size, 2)))
+        elif operation == "rows" and rows > 1:
+            index = torch.tensor([r for r in range(rows) if r != size % rows])
+            for cache in (ours, theirs):
+                cache.layers[0].batch_select_indices(index)
+        assert torch.equal(ours.layers[0].keys, theirs.layers[0].keys)
+        assert torch.equal(ours.layers[0].values, theirs.layers[0].values)
 
 
 # --- the accept rules ----------------------------------------------------------------------

@@ -13,6 +13,7 @@ from lookahead.config import (
     PromptLookupConfig,
     SamplingConfig,
 )
+from lookahead.grouped_attention import use_grouped_attention
 from lookahead.stats import GenerationStats
 
 
@@ -35,4 +36,5 @@ __all__ = [
     "generate",
     "load_model",
     "stream",
+    "use_grouped_attention",
 ]

@@ -1,31 +1,92 @@
-"""Rolling the KV cache back to the accepted tokens after a step.
+"""The KV cache of one text, and rolling it back to the accepted tokens after a step.
 
 A step appends T entries to every layer of the cache. Only the entries of ``x0`` and of the
 accepted candidate tokens are valid continuations of the text; the rest (rejected candidates,
 the lookahead window) must go. ``keep_new`` keeps the prefix and the chosen new entries.
+
+Transformers' ``DynamicLayer`` appends by concatenation, which copies the whole layer at every
+step; a ``GrowingLayer`` writes the new entries into spare columns instead, so that a step
+costs what it adds, and rolling back only shortens a view (nothing is copied).
 """
 
 from __future__ import annotations
 
 import torch
-from transformers import DynamicCache
+from transformers import Cache
+from transformers.cache_utils import DynamicLayer
 
 
-def new_cache() -> DynamicCache:
-    """An empty cache whose layers all keep every position.
+class GrowingLayer(DynamicLayer):
+    """A ``DynamicLayer`` whose ``keys`` / ``values`` ([B, H, S, D]) are views of the first S
+    columns of larger buffers: ``update`` writes the new columns after them in place.
+
+    The buffers grow by half their size (at least ``SPARE`` columns) when full. Whoever
+    replaces ``keys`` / ``values`` by other tensors (a batch's cache surgery) may: the next
+    ``update`` notices that they are no longer views of the buffers and copies them into new
+    ones. Writing into the views (``keep_new``) writes into the buffers, as intended.
+    """
+
+    SPARE = 64
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        super().lazy_initialization(key_states, value_states)
+        self._buffers: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args,
+               **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
+        """Append key/value states [B, H, T, D]; return every entry, [B, H, S + T, D]."""
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        length = self.get_seq_length()
+        end = length + key_states.shape[-2]
+        if not self._holds(end):
+            self._reallocate(key_states, value_states, length, end)
+        keys, values = self._buffers
+        keys[:, :, length:end] = key_states
+        values[:, :, length:end] = value_states
+        self.keys, self.values = keys[:, :, :end], values[:, :, :end]
+        return self.keys, self.values
+
+    def _holds(self, end: int) -> bool:
+        """Whether ``keys`` / ``values`` are still views of the buffers, with room up to ``end``."""
+        if self._buffers is None or self.keys.numel() == 0:
+            return False
+        return all(
+            view.data_ptr() == buffer.data_ptr() and view.stride() == buffer.stride()
+            and view.shape[:2] == buffer.shape[:2] and end <= buffer.shape[2]
+            for view, buffer in zip((self.keys, self.values), self._buffers)
+        )
+
+    def _reallocate(self, key_states: torch.Tensor, value_states: torch.Tensor, length: int,
+                    end: int) -> None:
+        """New buffers of ``end`` columns and spare ones, holding the current entries."""
+        columns = end + max(self.SPARE, end // 2)
+        buffers = []
+        for states, current in ((key_states, self.keys), (value_states, self.values)):
+            batch, heads, _, dim = states.shape
+            buffer = states.new_empty(batch, heads, columns, dim)
+            if length:
+                buffer[:, :, :length] = current
+            buffers.append(buffer)
+        self._buffers = (buffers[0], buffers[1])
+
+
+def new_cache() -> Cache:
+    """An empty cache whose layers all keep every position, appending in place (a layer is made
+    on first use, one per model layer).
 
     Built without the model config on purpose: sliding-window layers would drop old entries on
     their own, while we enforce windows through the attention mask (see ``attention.py``).
     """
-    return DynamicCache()
+    return Cache(layer_class_to_replicate=GrowingLayer)
 
 
-def cache_length(cache: DynamicCache) -> int:
+def cache_length(cache: Cache) -> int:
     """Number of positions held (the same in every layer)."""
     return cache.get_seq_length()
 
 
-def keep_new(cache: DynamicCache, past_len: int, rows: list[int]) -> None:
+def keep_new(cache: Cache, past_len: int, rows: list[int]) -> None:
     """Keep positions ``0 .. past_len - 1`` and, of the step's new entries, those at ``rows``.
 
     ``rows`` are indices into the step's input (0 = the first new entry) in increasing order.

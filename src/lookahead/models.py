@@ -56,6 +56,8 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
+from lookahead.grouped_attention import use_grouped_attention
+
 logger = logging.getLogger(__name__)
 
 DEFAULT_MODEL = "smollm2-135m"
@@ -249,6 +251,7 @@ def load_model(
     dtype: str | torch.dtype = "bfloat16",
     *,
     cache_dir: str | Path | None = None,
+    grouped_attention: bool = True,
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """Load a causal LM in eval mode and its tokenizer.
 
@@ -258,6 +261,9 @@ def load_model(
         dtype: weight dtype, e.g. ``"bfloat16"`` (default), ``"float32"`` or a ``torch.dtype``.
         cache_dir: cache root for assembled and de-quantised GGUF models
             (default :func:`default_cache_dir`).
+        grouped_attention: switch a model on transformers' SDPA attention to
+            ``lookahead.grouped_attention.grouped_sdpa``, the same attention without copying
+            the cache in steps of several tokens (see that module); False keeps "sdpa".
 
     Raises:
         ValueError: unknown name, or a bad ``dtype``.
@@ -265,22 +271,30 @@ def load_model(
             says what to run), or a hub id that cannot be downloaded.
         FileNotFoundError: a path that does not exist or holds no model.
     """
-    torch_dtype = resolve_dtype(dtype)
+    model, tokenizer = _load(name_or_path, resolve_dtype(dtype), cache_dir)
+    if grouped_attention:
+        use_grouped_attention(model)
+    return model, tokenizer
+
+
+def _load(
+    name_or_path: str | os.PathLike[str], dtype: torch.dtype, cache_dir: str | Path | None
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     root = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
     name_or_path = os.fspath(name_or_path)
     if name_or_path in _SPECS_BY_NAME:
-        return _load_bundled(_SPECS_BY_NAME[name_or_path], torch_dtype, root)
+        return _load_bundled(_SPECS_BY_NAME[name_or_path], dtype, root)
     path = Path(name_or_path).expanduser()
     if path.is_dir() and (path / "config.json").is_file():
-        return _load_hf_folder(path, torch_dtype)
+        return _load_hf_folder(path, dtype)
     if path.is_file() and path.suffix == ".gguf":
-        return _load_gguf(path, _gguf_cache_key(path), torch_dtype, root)
+        return _load_gguf(path, _gguf_cache_key(path), dtype, root)
     if path.exists():
         raise FileNotFoundError(f"{path} is neither a .gguf file nor a folder with a config.json")
     if _looks_like_path(name_or_path):
         raise FileNotFoundError(f"no such model file or folder: {path}")
     if _looks_like_hub_id(name_or_path):
-        return _load_from_hub(name_or_path, torch_dtype)
+        return _load_from_hub(name_or_path, dtype)
     raise ValueError(_unknown_model_message(name_or_path))
 
 

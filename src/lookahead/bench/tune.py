@@ -45,6 +45,7 @@ import transformers
 
 import lookahead
 from lookahead.attention import attention_mask
+from lookahead.cache import new_cache
 from lookahead.config import LookaheadConfig, check_int
 from lookahead.datasets import encode_prompt, load_prompts
 from lookahead.models import DEFAULT_MODEL, default_cache_dir, load_model, resolve_dtype
@@ -133,9 +134,7 @@ def forward_cost_curve(model, input_ids: torch.Tensor, tokens, repeats: int = 5)
 
     Returns ``dict(tokens=[k...], seconds=[median...], prompt_tokens=L)``.
     """
-    from transformers import DynamicCache
-
-    cache = DynamicCache()
+    cache = new_cache()  # as our decoding has it
     model(input_ids=input_ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
     past = cache.get_seq_length()
     prompt = input_ids[0]

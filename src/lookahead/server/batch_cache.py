@@ -1,6 +1,6 @@
 """The KV cache of a batch of requests, and the inputs of one batched step.
 
-One ``DynamicCache`` holds every running request: in each layer keys and values are
+One cache (``lookahead.cache.new_cache``) holds every running request: in each layer keys and values are
 ``[B, H, S, D]``, one row per request. Rows have different lengths and a step keeps a different
 number of entries in each row, so instead of deleting every rejected entry we keep, beside
 the tensors,
@@ -29,7 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from transformers import DynamicCache
+from transformers import Cache
 
 from lookahead.attention import StepLayout, batched_attention_mask
 
@@ -59,7 +59,7 @@ class BatchedCache:
     """Rows of cached keys/values, one per running request, with per-column validity."""
 
     def __init__(self) -> None:
-        self.cache: DynamicCache | None = None
+        self.cache: Cache | None = None
         self.valid = torch.zeros(0, 0, dtype=torch.bool)  # [B, S]
         self.positions = torch.zeros(0, 0, dtype=torch.long)  # [B, S]
 
@@ -75,7 +75,7 @@ class BatchedCache:
         """Valid entries of each row."""
         return self.valid.sum(dim=1).tolist()
 
-    def add_row(self, single: DynamicCache) -> None:
+    def add_row(self, single: Cache) -> None:
         """Append the cache of one prefilled request (batch 1, positions ``0 .. L-1``) as a row."""
         length = single.get_seq_length()
         if self.cache is None:

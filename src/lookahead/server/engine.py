@@ -65,9 +65,9 @@ class EngineConfig:
         share that measured best (``BudgetPolicy``); False always gives the ceiling.
     explore: with ``adaptive_budget``, the fraction of steps that try a neighbouring share.
     compact_waste: compact the cache when this fraction of its columns is waste. Every step
-        copies the whole cache (``DynamicCache`` appends by concatenation) and attends over it,
-        so waste costs each step, while a compaction costs about one step's copy: at 16
-        requests on SmolLM2, 0.1 ran 1.07-1.27x faster than 0.5 in each of 4 alternating runs.
+        attends over every column, so waste costs each step, while a compaction copies the
+        cache once or twice: at 16 requests on SmolLM2, 0.1 ran 1.07-1.27x faster than 0.5 in
+        each of 4 alternating runs (measured when each step also copied the whole cache).
     compact_min_columns: ... but not before it has this many columns.
     prefill_buckets: prefill prompts right-padded to a few lengths (``shapes.prefill_length``)
         so that the memory oneDNN keeps per forward shape stays bounded.

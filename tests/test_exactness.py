@@ -22,27 +22,21 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 NEW_TOKENS = 24
 
+QWEN2_SLIDING8 = {"use_sliding_window": True, "sliding_window": 8, "max_window_layers": 1}
+
 # case -> (family, attention implementation, config overrides)
 MODEL_CASES = {
     "llama-sdpa": ("llama", "sdpa", {}),
     "llama-eager": ("llama", "eager", {}),
     "qwen2": ("qwen2", "sdpa", {}),
-    "qwen2-sliding8": (
-        "qwen2",
-        "sdpa",
-        {"use_sliding_window": True, "sliding_window": 8, "max_window_layers": 1},
-    ),
+    "qwen2-sliding8": ("qwen2", "sdpa", QWEN2_SLIDING8),
     "mistral-sliding8": ("mistral", "sdpa", {"sliding_window": 8}),
     "gemma2-eager": ("gemma2", "eager", {}),
     "gemma3-sliding8": ("gemma3", "sdpa", {"sliding_window": 8}),
     "phi3": ("phi3", "sdpa", {}),
     # lookahead.grouped_attention (references from the same weights on "sdpa")
     "llama-grouped": ("llama", "grouped", {}),
-    "qwen2-sliding8-grouped": (
-        "qwen2",
-        "grouped",
-        {"use_sliding_window": True, "sliding_window": 8, "max_window_layers": 1},
-    ),
+    "qwen2-sliding8-grouped": ("qwen2", "grouped", QWEN2_SLIDING8),
     "gemma3-sliding8-grouped": ("gemma3", "grouped", {"sliding_window": 8}),
 }
 

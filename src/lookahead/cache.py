@@ -61,14 +61,20 @@ class GrowingLayer(DynamicLayer):
                     end: int) -> None:
         """New buffers of ``end`` columns and spare ones, holding the current entries."""
         columns = end + max(self.SPARE, end // 2)
-        buffers = []
-        for states, current in ((key_states, self.keys), (value_states, self.values)):
-            batch, heads, _, dim = states.shape
-            buffer = states.new_empty(batch, heads, columns, dim)
-            if length:
-                buffer[:, :, :length] = current
-            buffers.append(buffer)
-        self._buffers = (buffers[0], buffers[1])
+        self._buffers = tuple(
+            self._buffer(states, current, length, columns)
+            for states, current in ((key_states, self.keys), (value_states, self.values))
+        )
+
+    @staticmethod
+    def _buffer(states: torch.Tensor, current: torch.Tensor, length: int,
+                columns: int) -> torch.Tensor:
+        """[B, H, columns, D] like ``states``, holding ``current``'s first ``length`` columns."""
+        batch, heads, _, dim = states.shape
+        buffer = states.new_empty(batch, heads, columns, dim)
+        if length:
+            buffer[:, :, :length] = current
+        return buffer
 
 
 def new_cache() -> Cache:

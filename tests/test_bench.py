@@ -230,6 +230,15 @@ def test_bad_bench_arguments_are_argparse_errors(tiny, capsys, extra, message) -
     assert message in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(("margin", "message"), [("1", "must be in [0.0, 1.0)"), ("x", "number")])
+def test_bad_tune_margin_is_an_argparse_error(capsys, margin, message) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(["tune", "--margin", margin])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert "argument --margin:" in err and message in err
+
+
 def test_draft_methods_without_a_draft_model_are_refused(capsys) -> None:
     assert main(["bench", "--methods", "hf,draft", "--limit", "1"]) == 2
     assert "need a draft model" in capsys.readouterr().err

@@ -31,6 +31,7 @@ from lookahead.bench.tune import (
     profile_path,
     tune,
 )
+from lookahead.commands.common import float_in
 
 logger = logging.getLogger(__name__)
 
@@ -73,7 +74,7 @@ def register(subparsers) -> None:
         default="predicted",
         help="choose by the curve's prediction (default) or by the sample runs' timing",
     )
-    parser.add_argument("--margin", type=float, default=0.03,
+    parser.add_argument("--margin", type=float_in(0.0, 1.0, high_open=True), default=0.03,
                         help="keep the default shape unless another is predicted faster by "
                         "more than this fraction (0.03), and no slower on any data set")
     parser.add_argument("--no-save", action="store_true", help="print, but save no profile")

@@ -88,16 +88,20 @@ WINDOW_HELP = ("lookahead: window size, or 'auto' (the default): the shape `look
                "saved for this model and machine, else W2 N5 G4")
 
 
-def _float_in(low: float, high: float, *, low_open: bool) -> Callable[[str], float]:
+def float_in(low: float, high: float, *, low_open: bool = False,
+             high_open: bool = False) -> Callable[[str], float]:
+    """An argparse type: a number in the interval from ``low`` to ``high`` (ends open or not)."""
+
     def parse(text: str) -> float:
         try:
             value = float(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
         above = value > low if low_open else value >= low
-        if not (above and value <= high):
-            bracket = "(" if low_open else "["
-            raise argparse.ArgumentTypeError(f"must be in {bracket}{low}, {high}], got {value}")
+        below = value < high if high_open else value <= high
+        if not (above and below):
+            interval = f"{'(' if low_open else '['}{low}, {high}{')' if high_open else ']'}"
+            raise argparse.ArgumentTypeError(f"must be in {interval}, got {value}")
         return value
 
     parse.__name__ = "float"
@@ -184,13 +188,13 @@ def add_method_args(parser: argparse.ArgumentParser, *, default: str = "lookahea
     )
     sampling.add_argument(
         "--temperature",
-        type=_float_in(0.0, 100.0, low_open=True),
+        type=float_in(0.0, 100.0, low_open=True),
         metavar="T",
         help="with --sample (default: 1.0)",
     )
     sampling.add_argument(
         "--top-p",
-        type=_float_in(0.0, 1.0, low_open=True),
+        type=float_in(0.0, 1.0, low_open=True),
         metavar="P",
         help="with --sample: nucleus size (default: 1.0, off)",
     )

@@ -1,9 +1,9 @@
 """The KV cache of a batch of requests, and the inputs of one batched step.
 
 One cache (``lookahead.cache.new_cache``) holds every running request: in each layer keys and
-values are ``[B, H, S, D]``, one row per request. Rows have different lengths and a step keeps a different
-number of entries in each row, so instead of deleting every rejected entry we keep, beside
-the tensors,
+values are ``[B, H, S, D]``, one row per request. Rows have different lengths and a step keeps a
+different number of entries in each row, so instead of deleting every rejected entry we keep,
+beside the tensors,
 
 * ``valid``: bool ``[B, S]``, whether column s of row b holds one of that request's cached
   tokens (prompt, or a token a step accepted);

@@ -282,3 +282,24 @@ def test_cli_lookahead_without_a_window_asks_for_auto() -> None:
     assert method_options(args) == {"window": "auto", "guess": 3}
     args = build_parser().parse_args(["generate", "--model", "m", "--window", "3", "hi"])
     assert method_options(args) == {"window": 3}
+
+
+def test_bench_memory_copies_earlier_answers_but_never_the_warm_up(tiny, tmp_path, capsys) -> None:
+    """The same prompt twice: with --memory the second copies the first's answer; the first
+    runs as without memory (the warm-up, on the same prompt, left nothing behind)."""
+    twice = tmp_path / "twice.jsonl"
+    twice.write_text("".join(json.dumps({**PROMPTS[1], "id": i}) + "\n" for i in ("a", "b")))
+    steps = {}
+    for flag in ((), ("--memory",)):
+        out = tmp_path / f"out{len(flag)}"
+        argv = _bench_argv(tiny, "--dataset", str(twice), "--methods", "hf,lookahead,prompt_lookup",
+                           "--baseline-dtypes", "float64", "--no-plots", "--out", str(out), *flag)
+        assert main(argv) == 0
+        results = json.loads((out / "results.json").read_text())
+        assert results["config"]["options"]["memory"] is bool(flag)
+        for run in results["runs"]:
+            steps[run["method"], run["prompt"], bool(flag)] = run["steps"]
+    assert "memory of earlier answers on" in capsys.readouterr().out
+    for method in ("lookahead", "prompt_lookup"):
+        assert steps[method, "a", True] == steps[method, "a", False], method
+        assert steps[method, "b", True] < steps[method, "b", False], method

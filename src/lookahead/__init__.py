@@ -14,6 +14,7 @@ from lookahead.config import (
     SamplingConfig,
 )
 from lookahead.grouped_attention import use_grouped_attention
+from lookahead.memory import TextMemory
 from lookahead.stats import GenerationStats
 
 
@@ -33,6 +34,7 @@ __all__ = [
     "PromptLookupConfig",
     "SamplingConfig",
     "Stream",
+    "TextMemory",
     "generate",
     "load_model",
     "stream",

@@ -18,6 +18,7 @@ from lookahead.config import (
     check_int,
 )
 from lookahead.decode import Decoder
+from lookahead.memory import TextMemory
 from lookahead.proposers.base import NoProposer, Proposer
 from lookahead.proposers.draft import DraftProposer
 from lookahead.proposers.lookahead import LookaheadProposer
@@ -30,8 +31,8 @@ logger = logging.getLogger(__name__)
 METHOD_OPTIONS = MappingProxyType({
     "autoregressive": (),
     "lookahead": ("window", "ngram", "guess", "prompt_pool", "output_pool", "lookup_ngram",
-                  "lookup_tokens"),
-    "prompt_lookup": ("num_draft_tokens", "max_ngram", "min_ngram"),
+                  "lookup_tokens", "memory"),
+    "prompt_lookup": ("num_draft_tokens", "max_ngram", "min_ngram", "memory"),
     "draft": ("draft_model", "num_draft_tokens", "lookup_tokens", "lookup_ngram"),
 })
 
@@ -74,6 +75,8 @@ def generate(model, input_ids, max_new_tokens: int = 256, method: str = "lookahe
     output_pool; ``window="auto"`` takes the shape ``lookahead tune`` saved for this model and
     machine, see ``resolve_auto_shape``), "prompt_lookup" (num_draft_tokens, max_ngram,
     min_ngram) or "draft" (draft_model, num_draft_tokens, lookup_tokens, lookup_ngram).
+    ``memory`` (lookahead and prompt lookup): a ``TextMemory`` of earlier requests' texts to
+    copy from; the finished text is added to it.
     Sampling options for every method: do_sample, temperature, top_k, top_p, seed;
     ``eos_token_id`` overrides the model's own.
     Greedy output is token-for-token that of ``model.generate(do_sample=False)``.
@@ -111,7 +114,8 @@ def make_decoder(model, input_ids, max_new_tokens, method, **options) -> Decoder
             generator.manual_seed(sampling.seed)
     if method == "lookahead":
         options = resolve_auto_shape(model, options)
-    proposer = make_proposer(model, method, options, sampling, generator)
+    memory = _check_memory(options.pop("memory", None))
+    proposer = make_proposer(model, method, options, sampling, generator, memory)
     return Decoder(
         model,
         input_ids,
@@ -121,6 +125,7 @@ def make_decoder(model, input_ids, max_new_tokens, method, **options) -> Decoder
         eos_token_ids=eos_token_ids(model, eos),
         generator=generator,
         method=method,
+        memory=memory,
     )
 
 
@@ -141,12 +146,14 @@ def resolve_auto_shape(model, options: dict) -> dict:
     return {**shape, **{k: v for k, v in options.items() if k != "window"}}
 
 
-def make_proposer(model, method: str, options: dict, sampling, generator) -> Proposer:
+def make_proposer(
+    model, method: str, options: dict, sampling, generator, memory: TextMemory | None = None
+) -> Proposer:
     """The proposer object for ``method``, configured from ``options``."""
     if method == "lookahead":
-        return LookaheadProposer(LookaheadConfig(**options))
+        return LookaheadProposer(LookaheadConfig(**options), memory=memory)
     if method == "prompt_lookup":
-        return PromptLookupProposer(PromptLookupConfig(**options))
+        return PromptLookupProposer(PromptLookupConfig(**options), memory=memory)
     if method == "draft":
         draft_model = options.pop("draft_model", None)
         check_draft_model(model, draft_model)
@@ -204,6 +211,12 @@ def _check_inputs(model, input_ids, max_new_tokens) -> None:
             f"prompt ({input_ids.shape[1]} tokens) + max_new_tokens ({max_new_tokens}) exceeds "
             f"the model's context of {limit} tokens"
         )
+
+
+def _check_memory(memory) -> TextMemory | None:
+    if memory is not None and not isinstance(memory, TextMemory):
+        raise TypeError(f"memory must be a lookahead.TextMemory or None, got {_describe(memory)}")
+    return memory
 
 
 def _vocab_size(model) -> int:

@@ -16,6 +16,7 @@ import torch
 from lookahead.attention import StepLayout, TokenTree, attention_mask, layout_step
 from lookahead.cache import cache_length, keep_new, new_cache
 from lookahead.config import SamplingConfig
+from lookahead.memory import TextMemory
 from lookahead.proposers.base import Proposal, Proposer, StepOutcome
 from lookahead.stats import GenerationStats
 from lookahead.verify import Verdict, choose, verify_greedy, verify_sampling, warp
@@ -85,6 +86,7 @@ class Decoder:
 
     input_ids: LongTensor [1, prompt_len]. Tokens are committed until ``max_new_tokens`` or
     until a token in ``eos_token_ids`` (which is emitted, as ``model.generate`` does).
+    ``memory``: where the finished text (prompt and output) is remembered for later requests.
     """
 
     def __init__(
@@ -98,6 +100,7 @@ class Decoder:
         eos_token_ids: Sequence[int],
         generator: torch.Generator | None = None,
         method: str = "",
+        memory: TextMemory | None = None,
     ) -> None:
         self.model = model
         self.proposer = proposer
@@ -105,6 +108,7 @@ class Decoder:
         self.max_new_tokens = max_new_tokens
         self.eos_token_ids = frozenset(eos_token_ids)
         self.generator = generator
+        self.memory = memory
         self.cache = new_cache()
         self.prompt = input_ids[0].tolist()
         self.context: list[int] = list(self.prompt)
@@ -276,6 +280,8 @@ class Decoder:
         self.stats.new_tokens += len(kept)
         if self.stats.new_tokens >= self.max_new_tokens:
             self.finished = True
+        if self.finished and self.memory is not None:
+            self.memory.add(self.context)
         return kept
 
 

@@ -79,6 +79,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--draft-tokens", type=positive_int, default=8, help="tokens per step of 'draft' (8)"
     )
+    parser.add_argument(
+        "--memory",
+        action="store_true",
+        help="our lookahead and prompt lookup also copy from their earlier answers in the run",
+    )
     parser.add_argument("--out", default="bench-out", help="output folder (default bench-out)")
     parser.add_argument("--no-warmup", action="store_true", help="skip the warm-up runs")
     parser.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
@@ -92,6 +97,7 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
         prompt_lookup=PromptLookupConfig(num_draft_tokens=args.prompt_lookup_tokens),
         draft=DraftConfig(num_draft_tokens=args.draft_tokens),
         hf_prompt_lookup_tokens=args.prompt_lookup_tokens,
+        memory=args.memory,
     )
     return BenchConfig(
         model=args.model,
@@ -131,6 +137,7 @@ def run_with_progress(config: BenchConfig) -> dict:
     console.print(
         f"[bold]{config.model}[/] {config.dtype}: {', '.join(config.run_methods)}; "
         f"lookahead W={shape.window} N={shape.ngram} G={shape.guess}"
+        + (", with memory of earlier answers" if config.options.memory else "")
     )
     columns = (
         TextColumn("{task.description}"),

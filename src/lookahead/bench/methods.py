@@ -26,6 +26,7 @@ from transformers.generation.streamers import BaseStreamer
 import lookahead
 from lookahead.api import METHOD_OPTIONS
 from lookahead.config import DraftConfig, LookaheadConfig, PromptLookupConfig
+from lookahead.memory import TextMemory
 
 HF_METHODS = ("hf", "hf_prompt_lookup", "hf_assisted")
 OUR_METHODS = ("autoregressive", "lookahead", "prompt_lookup", "draft")
@@ -52,12 +53,18 @@ class Measurement:
 
 @dataclass(frozen=True)
 class MethodOptions:
-    """Settings of the methods that take any (one object for the whole benchmark)."""
+    """Settings of the methods that take any (one object for the whole benchmark).
+
+    memory: our lookahead and prompt lookup copy from their own earlier outputs in the run
+        (a ``TextMemory`` per method, filled after the warm-up, so a prompt never sees its
+        own answer).
+    """
 
     lookahead: LookaheadConfig = field(default_factory=LookaheadConfig)
     prompt_lookup: PromptLookupConfig = field(default_factory=PromptLookupConfig)
     draft: DraftConfig = field(default_factory=DraftConfig)
     hf_prompt_lookup_tokens: int = 10
+    memory: bool = False
 
 
 class _StepClock(BaseStreamer):
@@ -85,19 +92,25 @@ def measure(
     options: MethodOptions,
     draft_model=None,
     pad_token_id: int | None = None,
+    memory: TextMemory | None = None,
 ) -> Measurement:
-    """Generate ``input_ids`` ([1, L]) greedily with ``method`` and time it."""
+    """Generate ``input_ids`` ([1, L]) greedily with ``method`` and time it (``memory``: the
+    method's ``TextMemory``, for the methods that take one)."""
     if method in HF_METHODS:
         return _measure_hf(
             method, model, input_ids, max_new_tokens, options, draft_model, pad_token_id
         )
-    return _measure_ours(method, model, input_ids, max_new_tokens, options, draft_model)
+    return _measure_ours(method, model, input_ids, max_new_tokens, options, draft_model, memory)
 
 
-def _measure_ours(method, model, input_ids, max_new_tokens, options, draft_model) -> Measurement:
+def _measure_ours(
+    method, model, input_ids, max_new_tokens, options, draft_model, memory
+) -> Measurement:
     kwargs = _our_options(method, options)
     if method == "draft":
         kwargs["draft_model"] = draft_model
+    if memory is not None:
+        kwargs["memory"] = memory
     result = lookahead.generate(model, input_ids, max_new_tokens, method, **kwargs)
     stats = result.stats
     return Measurement(

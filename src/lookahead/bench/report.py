@@ -131,7 +131,8 @@ def markdown_table(results: dict) -> str:
         f"model {config['model']}"
         + (f", draft {config['draft_model']}" if config.get("draft_model") else "")
         + f", greedy, up to {config['max_new_tokens']} new tokens, "
-        f"{config['environment']['threads']} threads",
+        f"{config['environment']['threads']} threads"
+        + (", memory of earlier answers on" if config.get("options", {}).get("memory") else ""),
     ]
     for dataset, rows in results["summary"].items():
         best = rows[0]["best_baseline_dtype"] if rows else None

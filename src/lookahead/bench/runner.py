@@ -38,12 +38,15 @@ from lookahead.bench.methods import (
 from lookahead.bench.report import summarise
 from lookahead.config import check_int
 from lookahead.datasets import BUNDLED_DATASETS, encode_prompt, load_prompts
+from lookahead.memory import TextMemory
 from lookahead.models import DEFAULT_MODEL, load_model, resolve_dtype
 
 logger = logging.getLogger(__name__)
 
 # Warm-up generations are this long at most: enough to touch every kernel a method uses.
 WARMUP_TOKENS = 64
+# The methods that copy from a ``TextMemory`` of their earlier outputs with ``--memory``.
+MEMORY_METHODS = ("lookahead", "prompt_lookup")
 
 # Called after each timed or warm-up run with (done, total, description).
 Progress = Callable[[int, int, str], None]
@@ -143,17 +146,20 @@ def run_benchmark(config: BenchConfig, progress: Progress | None = None) -> dict
         for method, dtype in plan:
             _run(config, loaded, method, dtype, first, min(config.max_new_tokens, WARMUP_TOKENS))
             tick(f"warm-up {method} ({dtype})")
+    # Made after the warm-up, which would otherwise leave the first prompt's answer in them.
+    memories = {m: TextMemory() for m in MEMORY_METHODS} if config.options.memory else {}
     records = []
     for dataset, items in encoded.items():
         for prompt_id, input_ids in items:
             for method, dtype in plan:
-                result = _run(config, loaded, method, dtype, input_ids, config.max_new_tokens)
+                result = _run(config, loaded, method, dtype, input_ids, config.max_new_tokens,
+                              memories.get(method))
                 records.append(_record(dataset, prompt_id, method, dtype, input_ids, result))
                 tick(f"{dataset} {prompt_id} {method} ({dtype})")
     return summarise(_describe(config), records)
 
 
-def _run(config, loaded: _Loaded, method, dtype, input_ids, max_new_tokens):
+def _run(config, loaded: _Loaded, method, dtype, input_ids, max_new_tokens, memory=None):
     return measure(
         method,
         loaded.models[dtype],
@@ -162,6 +168,7 @@ def _run(config, loaded: _Loaded, method, dtype, input_ids, max_new_tokens):
         config.options,
         draft_model=loaded.draft,
         pad_token_id=loaded.pad_token_id,
+        memory=memory,
     )
 
 

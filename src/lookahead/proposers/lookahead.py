@@ -23,6 +23,7 @@ import torch
 
 from lookahead.attention import Branch
 from lookahead.config import LookaheadConfig
+from lookahead.memory import TextMemory
 from lookahead.proposers.base import Proposal, StepOutcome
 from lookahead.proposers.prompt_lookup import find_continuation
 from lookahead.verify import argmax
@@ -79,10 +80,17 @@ def window_visibility(levels: int, window: int) -> torch.Tensor:
 
 
 class LookaheadProposer:
-    """Per-request lookahead state: the Jacobi window and the n-gram pool."""
+    """Per-request lookahead state: the Jacobi window and the n-gram pool.
 
-    def __init__(self, config: LookaheadConfig, seed: int = 0) -> None:
+    ``memory``: earlier requests' texts, copied from when this text has no match (shared, not
+    per request; see ``lookahead.memory``).
+    """
+
+    def __init__(
+        self, config: LookaheadConfig, seed: int = 0, memory: TextMemory | None = None
+    ) -> None:
         self.config = config
+        self.memory = memory
         self._random = random.Random(seed)
         self.pool = NGramPool(config.ngram, config.guess)
         self.levels: list[list[int]] = []
@@ -109,6 +117,8 @@ class LookaheadProposer:
         if cfg.lookup_ngram >= 2:
             length = min(cfg.lookup_tokens, max_tokens)
             match = find_continuation(context, cfg.lookup_ngram, 2, length)
+            if not match and self.memory is not None:
+                match = self.memory.find(context, length)
             if match:
                 candidates.insert(0, match)
         return Proposal(candidates, branch=self._branch())

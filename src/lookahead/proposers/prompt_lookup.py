@@ -8,6 +8,7 @@ import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
 from lookahead.config import PromptLookupConfig
+from lookahead.memory import TextMemory
 from lookahead.proposers.base import Proposal, StepOutcome
 
 
@@ -40,10 +41,12 @@ def find_continuation(
 
 
 class PromptLookupProposer:
-    """Proposes one candidate copied from earlier text (prompt and output alike)."""
+    """Proposes one candidate copied from earlier text (prompt and output alike), else from
+    ``memory``, the texts of earlier requests (see ``lookahead.memory``)."""
 
-    def __init__(self, config: PromptLookupConfig) -> None:
+    def __init__(self, config: PromptLookupConfig, memory: TextMemory | None = None) -> None:
         self.config = config
+        self.memory = memory
 
     def start(self, prompt: list[int]) -> None:
         pass
@@ -52,7 +55,14 @@ class PromptLookupProposer:
         length = min(self.config.num_draft_tokens, max_tokens)
         if length <= 0:
             return Proposal()
-        match = find_continuation(context, self.config.max_ngram, self.config.min_ngram, length)
+        cfg = self.config
+        if self.memory is None:
+            match = find_continuation(context, cfg.max_ngram, cfg.min_ngram, length)
+        else:
+            # A 1-gram matches almost always, and guesses worse than the memory's n-grams.
+            match = find_continuation(context, cfg.max_ngram, max(cfg.min_ngram, 2), length)
+            match = match or self.memory.find(context, length)
+            match = match or find_continuation(context, 1, cfg.min_ngram, length)
         return Proposal([match]) if match else Proposal()
 
     def update(self, context: list[int], outcome: StepOutcome) -> None:

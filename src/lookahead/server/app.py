@@ -187,7 +187,7 @@ def _decoder(engine: Engine, settings: ServerSettings, body, input_ids, chat: bo
 
 
 _BODY_SAMPLING = ("do_sample", "temperature", "top_k", "top_p", "seed")
-_SERVER_ONLY = ("draft_model", "eos_token_id")
+_SERVER_ONLY = ("draft_model", "eos_token_id", "memory")
 
 
 def _method_options(settings: ServerSettings, body) -> tuple[str, dict]:

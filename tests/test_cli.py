@@ -165,6 +165,14 @@ def test_bad_options_are_argparse_errors_naming_the_option(
     assert f"argument {option}" in err
 
 
+def test_serve_memory_needs_a_method_that_copies(tiny_folder, capsys) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(["serve", "--model", str(tiny_folder), "--method", "autoregressive", "--memory"])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert "argument --memory" in err and "lookahead or prompt_lookup" in err
+
+
 @pytest.mark.parametrize("model", ["/no/such/folder", "no-such-model"])
 def test_unknown_model_is_an_error_naming_model(capsys, model) -> None:
     with pytest.raises(SystemExit) as info:

@@ -271,6 +271,33 @@ def test_full_queue_answers_429() -> None:
         assert "max_queue=1" in info.value.body["message"]
 
 
+def _steps(server, method: str) -> float:
+    """The server's ``lookahead_spec_decode_steps_total`` for ``method`` (0 before any)."""
+    line = f'lookahead_spec_decode_steps_total{{method="{method}"}} '
+    found = [row for row in httpx.get(server.url + "/metrics").text.splitlines()
+             if row.startswith(line)]
+    return float(found[0].removeprefix(line)) if found else 0.0
+
+
+def test_a_server_with_memory_copies_an_earlier_answer() -> None:
+    model, tokenizer = server_llama(), server_tokenizer()
+    engine = Engine(model, tokenizer, EngineConfig()).start()
+    settings = ServerSettings(MODEL, "prompt_lookup", {"memory": lookahead.TextMemory()})
+    ids = prompt_ids(6, 9)
+    text, count = expected(model, tokenizer, ids, 30, method="prompt_lookup")
+    assert count == 30  # no EOS early: enough answer to copy
+    body = {"model": MODEL, "prompt": ids[0].tolist(), "max_tokens": 30, "temperature": 0}
+    steps = []
+    with ServerThread(create_app(engine, settings)) as server:
+        for _ in range(2):
+            before = _steps(server, "prompt_lookup")
+            reply = httpx.post(server.url + "/v1/completions", json=body, timeout=60).json()
+            assert reply["choices"][0]["text"] == text
+            steps.append(_steps(server, "prompt_lookup") - before)
+    engine.stop()
+    assert steps[1] < steps[0] / 2, steps  # the second answer was copied from the first
+
+
 def test_loadtest_alternates_methods_and_pools_repeats(served, tmp_path, monkeypatch) -> None:
     server, engine = served[0], served[1]
     prompts = tmp_path / "prompts.jsonl"

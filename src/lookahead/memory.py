@@ -23,6 +23,9 @@ from collections.abc import Sequence
 
 from lookahead.config import check_int
 
+# The methods whose proposers copy from a memory.
+MEMORY_METHODS = ("lookahead", "prompt_lookup")
+
 
 class TextMemory:
     """Finished texts, newest last, at most ``capacity`` tokens in all (oldest texts go first).

@@ -38,15 +38,13 @@ from lookahead.bench.methods import (
 from lookahead.bench.report import summarise
 from lookahead.config import check_int
 from lookahead.datasets import BUNDLED_DATASETS, encode_prompt, load_prompts
-from lookahead.memory import TextMemory
+from lookahead.memory import MEMORY_METHODS, TextMemory
 from lookahead.models import DEFAULT_MODEL, load_model, resolve_dtype
 
 logger = logging.getLogger(__name__)
 
 # Warm-up generations are this long at most: enough to touch every kernel a method uses.
 WARMUP_TOKENS = 64
-# The methods that copy from a ``TextMemory`` of their earlier outputs with ``--memory``.
-MEMORY_METHODS = ("lookahead", "prompt_lookup")
 
 # Called after each timed or warm-up run with (done, total, description).
 Progress = Callable[[int, int, str], None]

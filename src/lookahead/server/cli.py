@@ -20,6 +20,7 @@ from lookahead.commands.common import (
     load_named,
     set_handler,
 )
+from lookahead.memory import MEMORY_METHODS, TextMemory
 
 logger = logging.getLogger(__name__)
 
@@ -55,6 +56,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     group.add_argument("--prefill-token-budget", type=int_in(1, 1 << 24), default=512,
                        metavar="N", help="prompt tokens prefilled per engine iteration "
                        "(default: 512)")
+    group.add_argument("--memory", action="store_true",
+                       help="lookahead and prompt lookup also copy from the texts of earlier "
+                       "requests (kept in the server's memory, at most 65536 tokens)")
     group.add_argument("--no-warmup", action="store_true",
                        help="skip the warm-up before serving: one forward pass of every step "
                        "size and prefill length, and a short generation (they take the "
@@ -85,6 +89,9 @@ def run_serve(args: argparse.Namespace) -> int:
             flag = "--" + name.replace("_", "-")
             raise UsageError(flag, "sampling is chosen per request (temperature, top_p, seed "
                              "in the request body)")
+    if args.memory and args.method not in MEMORY_METHODS:
+        raise UsageError("--memory", f"applies to --method {' or '.join(MEMORY_METHODS)}, "
+                         f"not {args.method}")
     # A draft model serves requests that ask for method "draft", whatever the default method.
     draft_name = args.draft_model
     if args.method != "draft":
@@ -110,6 +117,8 @@ def run_serve(args: argparse.Namespace) -> int:
     engine = Engine(model, tokenizer, config).start()
     if not args.no_warmup:
         _warm_up(engine, args.method, options)
+    if args.memory:  # after the warm-up: its text is no request's
+        options["memory"] = TextMemory()
     settings = ServerSettings(args.served_model_name or args.model, args.method, options, draft)
     app = create_app(engine, settings)
     logger.info("serving %s (%s) on http://%s:%d", settings.model_name, args.method, args.host,

@@ -12,6 +12,10 @@ lookahead window adds its own n-grams on top, at the cost of its W x (N - 1) tok
 
 Prints, per proposer: tokens per decoding step, mean tokens fed per step and, when the model has
 a saved profile, the predicted speed-up (one-token cost x tokens / sum of each step's cost).
+Proposers "+ memory" also copy from the earlier outputs (``lookahead.TextMemory``, as
+``lookahead bench --memory``). The last row is an oracle: each step takes the longest match of
+the true continuation among everything that followed an earlier x0 in the text, a bound for
+any proposer that copies from the text alone.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from lookahead.bench.args import quiet_loading
 from lookahead.bench.tune import cost_at, load_profile
 from lookahead.config import LookaheadConfig, PromptLookupConfig
 from lookahead.datasets import encode_prompt, load_prompts
+from lookahead.memory import TextMemory
 from lookahead.models import load_model
 from lookahead.proposers.base import StepOutcome
 from lookahead.proposers.lookahead import LookaheadProposer
@@ -52,6 +57,7 @@ def replay(proposer, texts: list[tuple[list[int], list[int]]], extra: int = 0
     tokens, fed = 0, []
     for prompt, output in texts:
         proposer.start(prompt)
+        memory = getattr(proposer, "memory", None)
         done = 1
         while done < len(output):
             context = prompt + output[:done]
@@ -63,6 +69,29 @@ def replay(proposer, texts: list[tuple[list[int], list[int]]], extra: int = 0
             tokens += len(committed)
             fed.append(len(tree) + extra)
             proposer.update(prompt + output[:done], StepOutcome(committed, accepted))
+        if memory is not None:
+            memory.add(prompt + output)
+    return tokens, fed
+
+
+def oracle(texts: list[tuple[list[int], list[int]]]) -> tuple[int, list[int]]:
+    """``replay``'s figures for a step that copies the longest true continuation among all
+    the text's earlier continuations of x0 (fed: x0 and that one candidate)."""
+    tokens, fed = 0, []
+    for prompt, output in texts:
+        done = 1
+        while done < len(output):
+            context, truth = prompt + output[:done], output[done:]
+            best = 0
+            for start in (i + 1 for i in range(len(context) - 1) if context[i] == context[-1]):
+                run = 0
+                while run < len(truth) and start + run < len(context) and (
+                        context[start + run] == truth[run]):
+                    run += 1
+                best = max(best, run)
+            done += best + 1
+            tokens += best + 1
+            fed.append(best + 1)
     return tokens, fed
 
 
@@ -81,6 +110,11 @@ def proposers(window_tokens: int) -> dict[str, tuple[object, int]]:
         table[name + ", no window"] = (LookaheadProposer(config), 0)
         table[name + f" + {window_tokens} window tokens"] = (LookaheadProposer(config),
                                                               window_tokens)
+    table["ours prompt lookup, 10 tokens + memory"] = (
+        PromptLookupProposer(PromptLookupConfig(10), memory=TextMemory()), 0)
+    config = LookaheadConfig(window=1, ngram=4, guess=2)
+    table[f"lookahead N4 G2 pool + lookup + memory + {window_tokens} window tokens"] = (
+        LookaheadProposer(config, memory=TextMemory()), window_tokens)
     return table
 
 
@@ -117,6 +151,8 @@ def main(argv: list[str] | None = None) -> int:
         if curve is not None:
             speed = f"{tokens * cost_at(curve, 1) / sum(cost_at(curve, k) for k in fed):.2f}x"
         print(f"| {name} | {tokens / len(fed):.2f} | {sum(fed) / len(fed):.1f} | {speed} |")
+    tokens, fed = oracle(texts)
+    print(f"| oracle: best earlier continuation of x0 | {tokens / len(fed):.2f} | - | - |")
     return 0
 
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import lookahead
 from lookahead import TextMemory
@@ -42,6 +44,46 @@ def test_the_oldest_texts_go_beyond_capacity() -> None:
     assert memory.find([5, 6], 2) == [7]
     memory.add(list(range(20, 30)))  # longer than the memory: its tail is kept
     assert len(memory) == 6 and memory.find([24, 25], 2) == [26, 27]
+
+
+def _kept(texts: list[list[int]], capacity: int) -> list[list[int]]:
+    """The texts a memory of ``capacity`` must keep, newest first: each cut to its last
+    ``capacity`` tokens, as many of the newest as fit."""
+    kept, total = [], 0
+    for text in reversed([t[-capacity:] for t in texts]):
+        if total + len(text) > capacity:
+            break
+        kept.append(text)
+        total += len(text)
+    return kept
+
+
+def _reference_find(kept: list[list[int]], context: list[int], length: int) -> list[int]:
+    """What ``find`` must answer, by brute force: the longest n (3 down to 1) first, then the
+    newest text, the last position in it."""
+    for n in range(min(3, len(context)), 0, -1):
+        for text in kept:
+            for start in range(len(text) - n - 1, -1, -1):
+                if text[start : start + n] == context[-n:]:
+                    return text[start + n : start + n + length]
+    return []
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    texts=st.lists(st.lists(st.integers(0, 4), max_size=9), min_size=1, max_size=12),
+    capacity=st.integers(1, 20),
+    contexts=st.lists(st.lists(st.integers(0, 4), min_size=1, max_size=4), min_size=1,
+                      max_size=5),
+)
+def test_find_equals_a_brute_force_scan_of_the_texts_kept(texts, capacity, contexts) -> None:
+    memory = TextMemory(capacity=capacity, max_ngram=3, min_ngram=1)
+    for count in range(1, len(texts) + 1):
+        memory.add(texts[count - 1])
+        kept = _kept(texts[:count], capacity)
+        assert len(memory) == sum(map(len, kept))
+        for context in contexts:
+            assert memory.find(context, 3) == _reference_find(kept, context, 3)
 
 
 @pytest.mark.parametrize(

@@ -19,7 +19,7 @@ Example::
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 from lookahead.config import check_int
 
@@ -48,14 +48,9 @@ class TextMemory:
         text = tuple(int(t) for t in tokens[-self.capacity :])
         self._texts.append(text)
         self._tokens += len(text)
-        if self._tokens <= self.capacity:
-            self._index(text)
-            return
+        self._index(text)
         while self._tokens > self.capacity:
-            self._tokens -= len(self._texts.popleft())
-        self._latest.clear()  # rare: rebuild rather than track which entries the old texts set
-        for kept in self._texts:
-            self._index(kept)
+            self._forget(self._texts.popleft())
 
     def find(self, context: Sequence[int], length: int) -> list[int]:
         """Up to ``length`` tokens that followed the latest remembered occurrence of the
@@ -75,6 +70,22 @@ class TextMemory:
         return self._tokens
 
     def _index(self, text: tuple[int, ...]) -> None:
+        for ngram, start in self._ngrams(text):
+            self._latest[ngram] = (text, start)
+
+    def _forget(self, text: tuple[int, ...]) -> None:
+        """Drop the oldest text. Its index entries go unless a newer text has taken them over
+        (no older text is left to fall back to), so a full memory costs O(len(text)) per add
+        rather than a rebuild of the whole index."""
+        self._tokens -= len(text)
+        for ngram, _ in self._ngrams(text):
+            hit = self._latest.get(ngram)
+            if hit is not None and hit[0] is text:  # this very tuple, not an equal newer text
+                del self._latest[ngram]
+
+    def _ngrams(self, text: tuple[int, ...]) -> Iterator[tuple[tuple[int, ...], int]]:
+        """(n-gram, index after it) for every n-gram followed by at least one token, each n
+        in order of position (so a later occurrence overwrites an earlier one)."""
         for n in range(self.min_ngram, self.max_ngram + 1):
-            for start in range(len(text) - n):  # every n-gram followed by at least one token
-                self._latest[text[start : start + n]] = (text, start + n)
+            for start in range(len(text) - n):
+                yield text[start : start + n], start + n

@@ -294,7 +294,9 @@ def test_a_server_with_memory_copies_an_earlier_answer() -> None:
             reply = httpx.post(server.url + "/v1/completions", json=body, timeout=60).json()
             assert reply["choices"][0]["text"] == text
             steps.append(_steps(server, "prompt_lookup") - before)
+        health = httpx.get(server.url + "/health").json()
     engine.stop()
+    assert health["memory_tokens"] == 2 * (9 + 30)  # both texts: prompt and answer
     assert steps[1] < steps[0] / 2, steps  # the second answer was copied from the first
 
 

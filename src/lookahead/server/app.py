@@ -104,6 +104,9 @@ def create_app(engine: Engine, settings: ServerSettings) -> FastAPI:
                 "running": engine.running_count, "waiting": engine.waiting_count,
                 "active": engine.active_count,
                 "step_budget": engine.budget.table()}
+        memory = settings.method_options.get("memory")
+        if memory is not None:  # `serve --memory`: how much earlier text it holds
+            body["memory_tokens"] = len(memory)
         return JSONResponse(body, status_code=status)
 
     @app.get("/v1/models")

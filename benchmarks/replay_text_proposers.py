@@ -55,9 +55,9 @@ def replay(proposer, texts: list[tuple[list[int], list[int]]], extra: int = 0
     so it is left out (its proposer then learns from the text alone) and counted as ``extra``
     fed tokens per step."""
     tokens, fed = 0, []
+    memory = getattr(proposer, "memory", None)
     for prompt, output in texts:
         proposer.start(prompt)
-        memory = getattr(proposer, "memory", None)
         done = 1
         while done < len(output):
             context = prompt + output[:done]

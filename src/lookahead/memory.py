@@ -25,6 +25,8 @@ from lookahead.config import check_int
 
 # The methods whose proposers copy from a memory.
 MEMORY_METHODS = ("lookahead", "prompt_lookup")
+# Tokens a memory keeps unless told otherwise: a few hundred answers.
+DEFAULT_CAPACITY = 1 << 16
 
 
 class TextMemory:
@@ -34,7 +36,7 @@ class TextMemory:
     where it last occurred, so a lookup costs a dict access whatever the memory's size.
     """
 
-    def __init__(self, capacity: int = 1 << 16, max_ngram: int = 3, min_ngram: int = 2) -> None:
+    def __init__(self, capacity: int = DEFAULT_CAPACITY, max_ngram: int = 3, min_ngram: int = 2) -> None:
         self.capacity = check_int("capacity", capacity, 1, 1 << 30)
         self.max_ngram = check_int("max_ngram", max_ngram, 1, 64)
         self.min_ngram = check_int("min_ngram", min_ngram, 1, self.max_ngram)

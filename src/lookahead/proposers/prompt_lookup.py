@@ -62,7 +62,8 @@ class PromptLookupProposer:
             # A 1-gram matches almost always, and guesses worse than the memory's n-grams.
             match = find_continuation(context, cfg.max_ngram, max(cfg.min_ngram, 2), length)
             match = match or self.memory.find(context, length)
-            match = match or find_continuation(context, 1, cfg.min_ngram, length)
+            if not match and cfg.min_ngram == 1:
+                match = find_continuation(context, 1, 1, length)
         return Proposal([match]) if match else Proposal()
 
     def update(self, context: list[int], outcome: StepOutcome) -> None:

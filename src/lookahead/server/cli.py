@@ -20,7 +20,7 @@ from lookahead.commands.common import (
     load_named,
     set_handler,
 )
-from lookahead.memory import MEMORY_METHODS, TextMemory
+from lookahead.memory import DEFAULT_CAPACITY, MEMORY_METHODS, TextMemory
 
 logger = logging.getLogger(__name__)
 
@@ -58,7 +58,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                        "(default: 512)")
     group.add_argument("--memory", action="store_true",
                        help="lookahead and prompt lookup also copy from the texts of earlier "
-                       "requests (kept in the server's memory, at most 65536 tokens)")
+                       f"requests (kept in the server's memory, at most {DEFAULT_CAPACITY} tokens)")
     group.add_argument("--no-warmup", action="store_true",
                        help="skip the warm-up before serving: one forward pass of every step "
                        "size and prefill length, and a short generation (they take the "

@@ -96,6 +96,12 @@ def test_bad_memory_settings_name_the_argument(kwargs, name) -> None:
         TextMemory(**kwargs)
 
 
+@pytest.mark.parametrize("tokens", [5, ["a", "b"], [[1, 2], [3, 4]]])
+def test_adding_anything_but_token_ids_names_tokens(tokens) -> None:
+    with pytest.raises(TypeError, match="tokens must be a sequence of token ids"):
+        TextMemory().add(tokens)
+
+
 def test_proposers_copy_from_memory_when_their_own_text_has_no_match() -> None:
     memory = TextMemory()
     memory.add([40, 41, 42, 43, 44, 45])

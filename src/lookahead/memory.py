@@ -47,7 +47,11 @@ class TextMemory:
 
     def add(self, tokens: Sequence[int]) -> None:
         """Remember one finished text (token ids); forget the oldest texts beyond capacity."""
-        text = tuple(int(t) for t in tokens[-self.capacity :])
+        try:
+            text = tuple(int(t) for t in tokens[-self.capacity :])
+        except (TypeError, ValueError):
+            raise TypeError("tokens must be a sequence of token ids (ints), got "
+                            f"{type(tokens).__name__}") from None
         self._texts.append(text)
         self._tokens += len(text)
         self._index(text)

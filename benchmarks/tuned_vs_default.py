@@ -8,6 +8,10 @@ HF, tokens per step and forward tokens per shape and data set, and whether the t
     lookahead tune --model smollm2-135m --threads 2       # writes the profile first
     python benchmarks/tuned_vs_default.py --threads 2      # humaneval, mtbench, gsm8k
     python benchmarks/tuned_vs_default.py --limit 2 --max-new-tokens 32   # a smoke run
+
+    # One profile per data set, each tuned on that data set alone:
+    lookahead tune --model smollm2-135m --threads 2 --dataset gsm8k --workload gsm8k  # etc.
+    python benchmarks/tuned_vs_default.py --threads 2 --per-dataset
 """
 
 from __future__ import annotations
@@ -36,25 +40,32 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--limit", type=positive_int, default=5)
     parser.add_argument("--max-new-tokens", type=positive_int, default=256)
     parser.add_argument("--threads", type=positive_int, help="torch threads (default: torch's)")
+    parser.add_argument("--per-dataset", action="store_true",
+                        help="tuned = each data set's own profile (`lookahead tune --dataset D "
+                        "--workload D`), not the general one")
     args = parser.parse_args(argv)
     apply_threads(args.threads)
     quiet_loading(args)
-    if load_profile(args.model, args.dtype) is None:
-        parser.error(f"no tuning profile for {args.model} ({args.dtype}): run `lookahead tune`")
-    shapes = {"default": dict(DEFAULT_SHAPE), "tuned": resolve_shape(args.model, args.dtype)}
-    # label -> (method, options)
-    runs = {"hf": ("hf", MethodOptions())} | {
-        label: ("lookahead", MethodOptions(lookahead=LookaheadConfig(**shape)))
-        for label, shape in shapes.items()
-    }
+    workloads = {d: d if args.per_dataset else None for d in args.datasets}
+    for dataset, workload in workloads.items():
+        if load_profile(args.model, args.dtype, workload=workload) is None:
+            flag = f" --workload {workload}" if workload else ""
+            parser.error(f"no tuning profile for {args.model} ({args.dtype}){flag}: "
+                         f"run `lookahead tune{flag}`")
+    # dataset -> label -> shape
+    shapes = {d: {"default": dict(DEFAULT_SHAPE),
+                  "tuned": resolve_shape(args.model, args.dtype, workload=w)}
+              for d, w in workloads.items()}
     model, tokenizer = load_model(args.model, args.dtype)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     warm = encode_prompt(tokenizer, load_prompts(args.datasets[0], 1)[0])
-    for method, options in runs.values():
-        measure(method, model, warm, 32, options, pad_token_id=pad)
+    for dataset in args.datasets:
+        for method, options in runs_of(shapes[dataset]).values():
+            measure(method, model, warm, 32, options, pad_token_id=pad)
     # (dataset, label) -> [tokens, seconds, steps, forward tokens]
     totals: dict = defaultdict(lambda: [0, 0.0, 0, 0.0])
     for dataset in args.datasets:
+        runs = runs_of(shapes[dataset])
         for prompt in load_prompts(dataset, args.limit):
             ids = encode_prompt(tokenizer, prompt)
             for label, (method, options) in runs.items():
@@ -67,11 +78,21 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def runs_of(shapes: dict[str, dict[str, int]]) -> dict:
+    """label -> (method, MethodOptions): HF generate and lookahead in each shape."""
+    return {"hf": ("hf", MethodOptions())} | {
+        label: ("lookahead", MethodOptions(lookahead=LookaheadConfig(**shape)))
+        for label, shape in shapes.items()
+    }
+
+
 def report(args, shapes, totals) -> str:
+    tuned = ("each data set's own profile" if args.per_dataset
+             else shape_name(shapes[args.datasets[0]]["tuned"]))
     title = (
         f"{args.model} {args.dtype}, first {args.limit} prompts per data set, "
-        f"{args.max_new_tokens} new tokens, greedy; tuned = {shape_name(shapes['tuned'])}, "
-        f"default = {shape_name(shapes['default'])}"
+        f"{args.max_new_tokens} new tokens, greedy; tuned = {tuned}, "
+        f"default = {shape_name(DEFAULT_SHAPE)}"
     )
     lines = [
         title,
@@ -84,13 +105,16 @@ def report(args, shapes, totals) -> str:
         for label in ("hf", "default", "tuned"):
             tokens, seconds, steps, forward = totals[dataset, label]
             rate[label] = tokens / seconds
-            name = label if label == "hf" else f"{label} {shape_name(shapes[label])}"
+            name = label if label == "hf" else f"{label} {shape_name(shapes[dataset][label])}"
             lines.append(
                 f"| {dataset} | {name} | {rate[label]:.1f} | {rate[label] / rate['hf']:.2f}x "
                 f"| {tokens / steps:.2f} | {forward / steps:.1f} |"
             )
         verdict = "tuned wins" if rate["tuned"] > rate["default"] else "default wins"
-        lines.append(f"| {dataset} | **{verdict}** | {rate['tuned'] / rate['default']:.2f}x | | | |")
+        if shapes[dataset]["tuned"] == shapes[dataset]["default"]:
+            verdict = "same shape (the tuner kept the default)"
+        ratio = rate["tuned"] / rate["default"]
+        lines.append(f"| {dataset} | **{verdict}** | {ratio:.2f}x | | | |")
     return "\n".join(lines)
 
 

@@ -27,7 +27,7 @@ from lookahead.bench.tune import (
     resolve_shape,
 )
 from lookahead.cli import build_parser, main
-from lookahead.commands.common import method_options
+from lookahead.commands.common import UsageError, method_options
 
 # A small vocabulary makes a random model repeat itself, so proposers get accepted.
 WORDS = ["<unk>", "<s>", "</s>", "def", "f", "(", ")", ":", "return", "x", "+", "1", "a", "b"]
@@ -133,6 +133,62 @@ def test_tune_writes_a_profile_that_shape_auto_reads(tiny, capsys) -> None:
     assert (lookahead.window, lookahead.ngram, lookahead.guess) == (
         expected["window"], expected["ngram"], 9
     )  # fmt: skip
+
+
+def test_a_workload_profile_is_its_own_and_falls_back_to_the_general_one(tiny, capsys) -> None:
+    cache, model = tiny["cache"] / "workload", str(tiny["model"])
+    general = profile_path(model, "float64", cache_dir=cache)
+    general.parent.mkdir(parents=True)
+    general.write_text(json.dumps({"best": {"window": 3, "ngram": 4, "guess": 6}}))
+    # No "code" profile yet: --workload code falls back to the general one.
+    assert resolve_shape(model, "float64", cache_dir=cache, workload="code") == dict(
+        window=3, ngram=4, guess=6
+    )
+    argv = [
+        "tune", "--model", model, "--dtype", "float64", "--dataset", str(tiny["prompts"]),
+        "--limit", "1", "--max-new-tokens", "8", "--tokens", "1,4", "--repeats", "1",
+        "--shapes", "1x2x2", "--cache-dir", str(cache), "--workload", "code",
+    ]  # fmt: skip
+    assert main(argv) == 0
+    assert ", workload code" in capsys.readouterr().out
+    path = profile_path(model, "float64", cache_dir=cache, workload="code")
+    assert path.name.endswith("-float64-cpu-code.json") and path.is_file()
+    assert load_profile(model, "float64", cache_dir=cache, workload="code")["workload"] == "code"
+    # The tuned "code" shape for --workload code; the general profile is untouched.
+    assert resolve_shape(model, "float64", cache_dir=cache, workload="code") == dict(
+        window=1, ngram=2, guess=2
+    )
+    assert resolve_shape(model, "float64", cache_dir=cache) == dict(window=3, ngram=4, guess=6)
+    argv = _bench_argv(tiny, "--workload", "code")
+    argv[argv.index("--cache-dir") + 1] = str(cache)
+    shape = config_from_args(build_parser().parse_args(argv)).options.lookahead
+    assert (shape.window, shape.ngram, shape.guess) == (1, 2, 2)
+
+
+def test_a_bad_workload_is_refused_naming_it(tiny, capsys) -> None:
+    with pytest.raises(ValueError, match="workload must be a name"):
+        profile_path("m", "float64", workload="../etc")
+    with pytest.raises(ValueError, match="workload must be a name"):
+        TuneConfig(workload="a b")
+    for argv in (["tune", "--workload", "a/b"], ["generate", "--workload", "", "hi"]):
+        with pytest.raises(SystemExit) as info:
+            main(argv)
+        assert info.value.code == 2
+        assert "argument --workload: workload must be a name" in capsys.readouterr().err
+    # A workload chooses a tuned shape: it cannot go with a shape given outright.
+    assert main(_bench_argv(tiny, "--shape", "2x3x4", "--workload", "code")) == 2
+    assert "--workload chooses a tuned shape" in capsys.readouterr().err
+    args = build_parser().parse_args(["generate", "--model", "m", "--window", "3",
+                                      "--workload", "code", "hi"])
+    with pytest.raises(UsageError, match="cannot go with --window 3") as info:
+        method_options(args)
+    assert info.value.option == "--workload"
+    args = build_parser().parse_args(["generate", "--model", "m", "--workload", "code", "hi"])
+    assert method_options(args) == {"workload": "code", "window": "auto"}
+    args = build_parser().parse_args(["generate", "--model", "m", "--method", "prompt_lookup",
+                                      "--workload", "code", "hi"])
+    with pytest.raises(UsageError, match="applies to --method lookahead"):
+        method_options(args)
 
 
 def test_a_broken_profile_falls_back_to_the_default(tmp_path: Path) -> None:
@@ -271,6 +327,14 @@ def test_window_auto_takes_the_tuned_shape_of_this_model(tiny, tmp_path, monkeyp
     path.write_text(json.dumps({"best": {"window": 3, "ngram": 4, "guess": 6}}))
     assert shape(window="auto") == (3, 4, 6)
     assert shape(window="auto", guess=2) == (3, 4, 2)  # explicit parts are kept
+    code = profile_path(model.name_or_path, "float64", workload="code")
+    code.write_text(json.dumps({"best": {"window": 1, "ngram": 3, "guess": 2}}))
+    assert shape(workload="code") == (1, 3, 2)  # a workload implies window="auto"
+    assert shape(workload="chat") == (3, 4, 6)  # none saved for chat: the general profile
+    with pytest.raises(ValueError, match="workload='code' chooses a tuned shape"):
+        shape(window=2, workload="code")
+    with pytest.raises(ValueError, match="workload must be a name"):
+        shape(workload="no/slash")
     assert shape() == default  # the library's own default needs no profile
 
 

@@ -204,6 +204,7 @@ def test_client_that_gives_up_on_a_whole_answer_is_cancelled(served) -> None:
         ({"lookahead": {"method": "draft"}}, "lookahead.method"),
         ({"lookahead": {"temperature": 1}}, "lookahead.temperature"),
         ({"lookahead": {"memory": True}}, "lookahead.memory"),
+        ({"lookahead": {"workload": "code"}}, "lookahead.workload"),
         ({"prompt": [5] * (CONTEXT + 1)}, "prompt"),
         ({"max_tokens": CONTEXT}, "max_tokens"),
         ({"prompt": [10_000]}, "prompt"),

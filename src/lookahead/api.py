@@ -31,7 +31,7 @@ logger = logging.getLogger(__name__)
 METHOD_OPTIONS = MappingProxyType({
     "autoregressive": (),
     "lookahead": ("window", "ngram", "guess", "prompt_pool", "output_pool", "lookup_ngram",
-                  "lookup_tokens", "memory"),
+                  "lookup_tokens", "memory", "workload"),
     "prompt_lookup": ("num_draft_tokens", "max_ngram", "min_ngram", "memory"),
     "draft": ("draft_model", "num_draft_tokens", "lookup_tokens", "lookup_ngram"),
 })
@@ -73,7 +73,9 @@ def generate(model, input_ids, max_new_tokens: int = 256, method: str = "lookahe
 
     ``method`` is "autoregressive", "lookahead" (options window, ngram, guess, prompt_pool,
     output_pool; ``window="auto"`` takes the shape ``lookahead tune`` saved for this model and
-    machine, see ``resolve_auto_shape``), "prompt_lookup" (num_draft_tokens, max_ngram,
+    machine, ``workload="code"`` (implies ``window="auto"``) the one tuned for that kind of
+    text, see
+    ``resolve_auto_shape``), "prompt_lookup" (num_draft_tokens, max_ngram,
     min_ngram) or "draft" (draft_model, num_draft_tokens, lookup_tokens, lookup_ngram).
     ``memory`` (lookahead and prompt lookup): a ``TextMemory`` of earlier requests' texts to
     copy from; the finished text is added to it.
@@ -133,15 +135,24 @@ def resolve_auto_shape(model, options: dict) -> dict:
     """Lookahead ``options`` with ``window="auto"`` replaced by this machine's tuned shape.
 
     The shape comes from the profile ``lookahead tune`` saved for the model (by its
-    ``name_or_path``: a bundled name, a folder or a hub id), dtype and device, else the default
-    shape; ``ngram`` and ``guess`` given beside ``window="auto"`` are kept.
+    ``name_or_path``: a bundled name, a folder or a hub id), dtype and device -- the profile of
+    ``options["workload"]`` if that is given and saved -- else the default shape; ``ngram`` and
+    ``guess`` given beside ``window="auto"`` are kept.
     """
+    options = dict(options)
+    workload = options.pop("workload", None)
+    if workload is not None:
+        options.setdefault("window", "auto")  # a workload names a tuned shape
     if options.get("window") != "auto":
+        if workload is not None:
+            raise ValueError(f"workload={workload!r} chooses a tuned shape: it needs "
+                             f"window='auto', not window={options.get('window')!r}")
         return options
     # The tuner's module owns the profiles (imported here: it imports this module).
     from lookahead.bench.tune import resolve_shape
 
-    shape = resolve_shape(model.name_or_path, model.dtype, device=model.device.type)
+    shape = resolve_shape(model.name_or_path, model.dtype, device=model.device.type,
+                          workload=workload)
     logger.info("window='auto': the shape %s for %s", shape, model.name_or_path)
     return {**shape, **{k: v for k, v in options.items() if k != "window"}}
 

@@ -6,6 +6,7 @@ the argument and the range it expects, so bad input never reaches the decode loo
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 # Bounds that catch typos ("window=700") long before they would exhaust memory.
@@ -15,6 +16,7 @@ MAX_GUESS = 64
 MAX_DRAFT_TOKENS = 64
 
 METHODS = ("autoregressive", "lookahead", "prompt_lookup", "draft")
+_WORKLOAD = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
 
 
 def check_int(name: str, value: object, low: int, high: int) -> int:
@@ -24,6 +26,16 @@ def check_int(name: str, value: object, low: int, high: int) -> int:
     if not low <= value <= high:
         raise ValueError(f"{name} must be in [{low}, {high}], got {value}")
     return value
+
+
+def check_workload(workload: object) -> str:
+    """Return ``workload`` if it is a name of a tuned profile (letters, digits, ``_``, ``-``: it
+    becomes part of a file name), else raise naming the argument."""
+    if not isinstance(workload, str) or not _WORKLOAD.fullmatch(workload):
+        raise ValueError(
+            f"workload must be a name of letters, digits, '_' or '-' (e.g. code), got {workload!r}"
+        )
+    return workload
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ import logging
 
 import torch
 
-from lookahead.commands.common import add_model_args, int_in
+from lookahead.commands.common import add_model_args, int_in, workload_arg
 from lookahead.config import MAX_GUESS, MAX_NGRAM, MAX_WINDOW
 from lookahead.models import resolve_dtype
 
@@ -105,6 +105,9 @@ def add_shape_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--window", type=int_in(1, MAX_WINDOW), metavar="W", help="window W")
     parser.add_argument("--ngram", type=int_in(2, MAX_NGRAM), metavar="N", help="n-gram size N")
     parser.add_argument("--guess", type=int_in(1, MAX_GUESS), metavar="G", help="guesses G")
+    parser.add_argument("--workload", type=workload_arg, metavar="NAME",
+                        help="with --shape auto: the shape `lookahead tune --workload NAME` "
+                        "saved (e.g. code), else the general tuned one")
 
 
 def shape_from_args(args: argparse.Namespace) -> dict[str, int]:
@@ -116,7 +119,13 @@ def shape_from_args(args: argparse.Namespace) -> dict[str, int]:
     from lookahead.bench.tune import resolve_shape
 
     if args.shape in (None, "auto"):
-        shape = resolve_shape(args.model, args.dtype, cache_dir=args.cache_dir)
+        shape = resolve_shape(args.model, args.dtype, cache_dir=args.cache_dir,
+                              workload=args.workload)
+    elif args.workload is not None:
+        raise ValueError(
+            "--workload chooses a tuned shape; it cannot go with --shape "
+            + "x".join(map(str, args.shape))
+        )
     else:
         shape = dict(zip(("window", "ngram", "guess"), args.shape, strict=True))
     for name in ("window", "ngram", "guess"):

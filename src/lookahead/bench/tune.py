@@ -19,6 +19,11 @@ more and accepts more. Which trade wins depends on the machine. The tuner:
 ``resolve_shape(model, dtype)`` then gives the saved best shape (or ``DEFAULT_SHAPE``);
 ``lookahead.generate(..., window="auto")`` and the commands, when no window is given, use it.
 
+A *workload* profile (``TuneConfig(workload="code", dataset="humaneval")``, saved as
+``<model>-<dtype>-<device>-code.json``) is tuned on one kind of text only: the best shape for
+code need not be the best for chat. ``resolve_shape(..., workload="code")`` reads it, and falls
+back to the general profile where there is none.
+
 Example::
 
     profile = tune(TuneConfig(model="smollm2-135m", dtype="bfloat16"))
@@ -46,7 +51,7 @@ import transformers
 import lookahead
 from lookahead.attention import attention_mask
 from lookahead.cache import new_cache
-from lookahead.config import LookaheadConfig, check_int
+from lookahead.config import LookaheadConfig, check_int, check_workload
 from lookahead.datasets import encode_prompt, load_prompts
 from lookahead.models import DEFAULT_MODEL, default_cache_dir, load_model, resolve_dtype
 
@@ -78,7 +83,8 @@ class TuneConfig:
     by the curve's prediction ("predicted") or by the sample runs' own timing ("measured").
     ``dataset`` is one data set or several, comma-separated: the first ``limit`` prompts of
     each are sampled. ``margin``: another shape replaces the default only if it is predicted
-    faster by more than this fraction (and no slower on any data set)."""
+    faster by more than this fraction (and no slower on any data set). ``workload``: save the
+    profile under this name (one kind of text, e.g. "code"), not as the model's general one."""
 
     model: str = DEFAULT_MODEL
     dtype: str = "bfloat16"
@@ -91,9 +97,12 @@ class TuneConfig:
     select: str = "predicted"
     margin: float = 0.03
     cache_dir: str | None = None
+    workload: str | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "dtype", str(resolve_dtype(self.dtype)).removeprefix("torch."))
+        if self.workload is not None:
+            check_workload(self.workload)
         if not self.tokens:
             raise ValueError("tokens must list at least one forward size")
         for k in self.tokens:
@@ -273,6 +282,7 @@ def tune(config: TuneConfig, progress: Progress | None = None, save: bool = True
         torch=torch.__version__,
         transformers=transformers.__version__,
         dataset=config.dataset,
+        workload=config.workload,
         prompts=sum(len(inputs) for inputs in prompts.values()),
         max_new_tokens=config.max_new_tokens,
         select=config.select,
@@ -319,19 +329,23 @@ def _report(progress: Progress | None, done: int, total: int, description: str) 
 # ----------------------------------------------------------------------------- profiles
 
 
-def profile_path(model_name: str, dtype, device: str = "cpu", cache_dir=None) -> Path:
-    """``<cache_dir>/profiles/<model>-<dtype>-<device>.json``; the model name made file-safe."""
+def profile_path(model_name: str, dtype, device: str = "cpu", cache_dir=None,
+                 workload: str | None = None) -> Path:
+    """``<cache_dir>/profiles/<model>-<dtype>-<device>[-<workload>].json``; the model name made
+    file-safe."""
     root = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
     dtype_name = str(resolve_dtype(dtype)).removeprefix("torch.")
     safe = re.sub(r"[^A-Za-z0-9._-]+", "_", str(model_name)).strip("_.") or "model"
-    return root / "profiles" / f"{safe}-{dtype_name}-{device}.json"
+    suffix = f"-{check_workload(workload)}" if workload is not None else ""
+    return root / "profiles" / f"{safe}-{dtype_name}-{device}{suffix}.json"
 
 
 def save_profile(profile: dict, cache_dir=None) -> Path:
     """Write the profile JSON (atomically) and a PNG of its curve beside it; return the JSON."""
     from lookahead.bench.plots import plot_cost_curve
 
-    path = profile_path(profile["model"], profile["dtype"], profile["device"], cache_dir)
+    path = profile_path(profile["model"], profile["dtype"], profile["device"], cache_dir,
+                        profile.get("workload"))
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(json.dumps(profile, indent=1) + "\n", encoding="utf-8")
@@ -341,12 +355,14 @@ def save_profile(profile: dict, cache_dir=None) -> Path:
     return path
 
 
-def load_profile(model_name: str, dtype, cache_dir=None, device: str = "cpu") -> dict | None:
-    """The saved profile of ``model_name`` in ``dtype`` on ``device``, or None.
+def load_profile(model_name: str, dtype, cache_dir=None, device: str = "cpu",
+                 workload: str | None = None) -> dict | None:
+    """The saved profile of ``model_name`` in ``dtype`` on ``device`` (for ``workload``, if
+    named: that one only), or None.
 
     A profile that cannot be read, or whose best shape is invalid, is ignored with a warning.
     """
-    path = profile_path(model_name, dtype, device, cache_dir)
+    path = profile_path(model_name, dtype, device, cache_dir, workload)
     if not path.is_file():
         return None
     try:
@@ -358,10 +374,20 @@ def load_profile(model_name: str, dtype, cache_dir=None, device: str = "cpu") ->
     return profile
 
 
-def resolve_shape(model_name: str, dtype, cache_dir=None, device: str = "cpu") -> dict[str, int]:
-    """``dict(window=, ngram=, guess=)``: the tuned best for this model, dtype and device, else
-    ``DEFAULT_SHAPE``. Run ``lookahead tune --model NAME --dtype DTYPE`` to create a profile."""
-    profile = load_profile(model_name, dtype, cache_dir, device)
+def resolve_shape(model_name: str, dtype, cache_dir=None, device: str = "cpu",
+                  workload: str | None = None) -> dict[str, int]:
+    """``dict(window=, ngram=, guess=)``: the tuned best for this model, dtype and device (from
+    the ``workload`` profile if one is named and saved, else the general one), else
+    ``DEFAULT_SHAPE``. Run ``lookahead tune --model NAME --dtype DTYPE [--workload W]`` to
+    create a profile."""
+    profile = None
+    if workload is not None:
+        profile = load_profile(model_name, dtype, cache_dir, device, workload)
+        if profile is None:
+            logger.info("no %r tuning profile for %s; trying the general one", workload,
+                        model_name)
+    if profile is None:
+        profile = load_profile(model_name, dtype, cache_dir, device)
     if profile is None:
         logger.info("no tuning profile for %s (%s); using the default shape", model_name, dtype)
         return dict(DEFAULT_SHAPE)

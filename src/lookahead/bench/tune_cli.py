@@ -2,6 +2,8 @@
 
 lookahead tune --model smollm2-135m --dtype bfloat16 --threads 2
 lookahead bench --shape auto ...          # then uses the saved shape
+lookahead tune --model smollm2-135m --dataset humaneval --workload code   # for code only
+lookahead bench --workload code ...       # uses that one
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from lookahead.bench.tune import (
     profile_path,
     tune,
 )
-from lookahead.commands.common import float_in
+from lookahead.commands.common import float_in, workload_arg
 
 logger = logging.getLogger(__name__)
 
@@ -77,6 +79,10 @@ def register(subparsers) -> None:
     parser.add_argument("--margin", type=float_in(0.0, 1.0, high_open=True), default=0.03,
                         help="keep the default shape unless another is predicted faster by "
                         "more than this fraction (0.03), and no slower on any data set")
+    parser.add_argument("--workload", type=workload_arg, metavar="NAME",
+                        help="save the profile under this name (e.g. code, tuned with --dataset "
+                        "humaneval), read by --workload NAME of the other commands, instead of "
+                        "as the model's general profile")
     parser.add_argument("--no-save", action="store_true", help="print, but save no profile")
     parser.set_defaults(func=run)
 
@@ -114,6 +120,7 @@ def run(args: argparse.Namespace) -> int:
             select=args.select,
             margin=args.margin,
             cache_dir=args.cache_dir,
+            workload=args.workload,
         )
         columns = (
             TextColumn("{task.description}"),
@@ -134,7 +141,8 @@ def run(args: argparse.Namespace) -> int:
         return 2
     print(profile_table(profile))
     if not args.no_save:
-        path = profile_path(profile["model"], profile["dtype"], profile["device"], args.cache_dir)
+        path = profile_path(profile["model"], profile["dtype"], profile["device"], args.cache_dir,
+                            profile["workload"])
         print(f"\nsaved {path} and {path.with_suffix('.png')}", file=sys.stderr)
     return 0
 
@@ -148,6 +156,7 @@ def profile_table(profile: dict) -> str:
         (
             f"{profile['model']} {profile['dtype']} on {profile['device']}, "
             f"{profile['threads']} threads"
+            + (f", workload {profile['workload']}" if profile.get("workload") else "")
         ),
         "",
         f"forward cost (ms) with k new tokens on a cached {curve['prompt_tokens']}-token prompt:",

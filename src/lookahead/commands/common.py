@@ -26,7 +26,14 @@ from typing import Any, NamedTuple
 import torch
 
 from lookahead.api import METHOD_OPTIONS, check_draft_model
-from lookahead.config import MAX_DRAFT_TOKENS, MAX_GUESS, MAX_NGRAM, MAX_WINDOW, METHODS
+from lookahead.config import (
+    MAX_DRAFT_TOKENS,
+    MAX_GUESS,
+    MAX_NGRAM,
+    MAX_WINDOW,
+    METHODS,
+    check_workload,
+)
 from lookahead.models import DEFAULT_MODEL, ModelNotAvailableError, load_model, resolve_dtype
 from lookahead.stats import GenerationStats
 
@@ -34,7 +41,7 @@ logger = logging.getLogger(__name__)
 
 # The method options the CLI exposes, by the keyword lookahead.generate takes; the flag is
 # "--" + name with "-" for "_". (--draft-model is handled apart: it names a model to load.)
-_SHAPE_OPTIONS = ("window", "ngram", "guess", "num_draft_tokens", "max_ngram")
+_SHAPE_OPTIONS = ("window", "ngram", "guess", "workload", "num_draft_tokens", "max_ngram")
 _SAMPLING_OPTIONS = ("temperature", "top_p", "top_k", "seed")
 
 
@@ -86,6 +93,14 @@ def window_arg(text: str) -> int | str:
 
 WINDOW_HELP = ("lookahead: window size, or 'auto' (the default): the shape `lookahead tune` "
                "saved for this model and machine, else W2 N5 G4")
+
+
+def workload_arg(text: str) -> str:
+    """An argparse ``type`` for ``--workload``: the name of a tuned profile."""
+    try:
+        return check_workload(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
 
 
 def float_in(low: float, high: float, *, low_open: bool = False,
@@ -168,6 +183,13 @@ def add_method_args(parser: argparse.ArgumentParser, *, default: str = "lookahea
         help="lookahead: candidate n-grams verified per step",
     )
     group.add_argument(
+        "--workload",
+        type=workload_arg,
+        metavar="NAME",
+        help="lookahead: the shape `lookahead tune --workload NAME` saved for this kind of text "
+        "(e.g. code), else the general tuned shape",
+    )
+    group.add_argument(
         "--num-draft-tokens",
         type=int_in(1, MAX_DRAFT_TOKENS),
         metavar="K",
@@ -237,6 +259,9 @@ def method_options(args: argparse.Namespace, draft_model: Any = None) -> dict[st
                 _flag(name), f"applies to --method {' or '.join(takers)}, not {args.method}"
             )
         options[name] = value
+    if options.get("workload") is not None and options.get("window", "auto") != "auto":
+        raise UsageError("--workload", f"chooses a tuned shape; it cannot go with --window "
+                         f"{options['window']}")
     if args.method == "lookahead" and "window" not in options:
         options["window"] = "auto"  # resolved by make_decoder; --ngram/--guess still apply
     if args.method == "draft":

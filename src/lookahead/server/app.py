@@ -190,7 +190,7 @@ def _decoder(engine: Engine, settings: ServerSettings, body, input_ids, chat: bo
 
 
 _BODY_SAMPLING = ("do_sample", "temperature", "top_k", "top_p", "seed")
-_SERVER_ONLY = ("draft_model", "eos_token_id", "memory")
+_SERVER_ONLY = ("draft_model", "eos_token_id", "memory", "workload")
 
 
 def _method_options(settings: ServerSettings, body) -> tuple[str, dict]:

@@ -38,12 +38,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--datasets", type=comma_list(), default=("humaneval", "mtbench", "gsm8k"))
     parser.add_argument("--limit", type=positive_int, default=5)
+    parser.add_argument("--skip", type=int, default=0,
+                        help="leave out the first SKIP prompts of each set, e.g. those the "
+                        "tuner sampled (0)")
     parser.add_argument("--max-new-tokens", type=positive_int, default=256)
     parser.add_argument("--threads", type=positive_int, help="torch threads (default: torch's)")
     parser.add_argument("--per-dataset", action="store_true",
                         help="tuned = each data set's own profile (`lookahead tune --dataset D "
                         "--workload D`), not the general one")
     args = parser.parse_args(argv)
+    if args.skip < 0:
+        parser.error(f"--skip must be 0 or more, got {args.skip}")
     apply_threads(args.threads)
     quiet_loading(args)
     workloads = {d: d if args.per_dataset else None for d in args.datasets}
@@ -66,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     totals: dict = defaultdict(lambda: [0, 0.0, 0, 0.0])
     for dataset in args.datasets:
         runs = runs_of(shapes[dataset])
-        for prompt in load_prompts(dataset, args.limit):
+        for prompt in load_prompts(dataset, args.skip + args.limit)[args.skip:]:
             ids = encode_prompt(tokenizer, prompt)
             for label, (method, options) in runs.items():
                 m = measure(method, model, ids, args.max_new_tokens, options, pad_token_id=pad)
@@ -90,7 +95,8 @@ def report(args, shapes, totals) -> str:
     tuned = ("each data set's own profile" if args.per_dataset
              else shape_name(shapes[args.datasets[0]]["tuned"]))
     title = (
-        f"{args.model} {args.dtype}, first {args.limit} prompts per data set, "
+        f"{args.model} {args.dtype}, prompts {args.skip + 1}-{args.skip + args.limit} of each "
+        "data set, "
         f"{args.max_new_tokens} new tokens, greedy; tuned = {tuned}, "
         f"default = {shape_name(DEFAULT_SHAPE)}"
     )

@@ -322,6 +322,7 @@ def test_window_auto_takes_the_tuned_shape_of_this_model(tiny, tmp_path, monkeyp
 
     default = tuple(DEFAULT_SHAPE.values())
     assert shape(window="auto") == default  # no profile saved yet
+    assert shape() == default
     path = profile_path(model.name_or_path, "float64")  # where `lookahead tune` saves it
     path.parent.mkdir(parents=True)
     path.write_text(json.dumps({"best": {"window": 3, "ngram": 4, "guess": 6}}))
@@ -335,7 +336,8 @@ def test_window_auto_takes_the_tuned_shape_of_this_model(tiny, tmp_path, monkeyp
         shape(window=2, workload="code")
     with pytest.raises(ValueError, match="workload must be a name"):
         shape(workload="no/slash")
-    assert shape() == default  # the library's own default needs no profile
+    assert shape() == (3, 4, 6)  # no shape given: the tuned one
+    assert shape(window=3) == (3, 5, 4)  # an int window keeps the shape as given
 
 
 def test_cli_lookahead_without_a_window_asks_for_auto() -> None:

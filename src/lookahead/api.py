@@ -72,10 +72,9 @@ def generate(model, input_ids, max_new_tokens: int = 256, method: str = "lookahe
     """Decode ``input_ids`` (LongTensor [1, prompt_len]) and return a ``GenerationResult``.
 
     ``method`` is "autoregressive", "lookahead" (options window, ngram, guess, prompt_pool,
-    output_pool; ``window="auto"`` takes the shape ``lookahead tune`` saved for this model and
-    machine, ``workload="code"`` (implies ``window="auto"``) the one tuned for that kind of
-    text, see
-    ``resolve_auto_shape``), "prompt_lookup" (num_draft_tokens, max_ngram,
+    output_pool; without a ``window``, or with ``window="auto"``, the shape ``lookahead tune``
+    saved for this model and machine, else W2 N5 G4; ``workload="code"`` the one tuned for that
+    kind of text; see ``resolve_auto_shape``), "prompt_lookup" (num_draft_tokens, max_ngram,
     min_ngram) or "draft" (draft_model, num_draft_tokens, lookup_tokens, lookup_ngram).
     ``memory`` (lookahead and prompt lookup): a ``TextMemory`` of earlier requests' texts to
     copy from; the finished text is added to it.
@@ -132,17 +131,18 @@ def make_decoder(model, input_ids, max_new_tokens, method, **options) -> Decoder
 
 
 def resolve_auto_shape(model, options: dict) -> dict:
-    """Lookahead ``options`` with ``window="auto"`` replaced by this machine's tuned shape.
+    """Lookahead ``options`` with no ``window``, or ``window="auto"``, given this machine's
+    tuned shape.
 
     The shape comes from the profile ``lookahead tune`` saved for the model (by its
     ``name_or_path``: a bundled name, a folder or a hub id), dtype and device -- the profile of
     ``options["workload"]`` if that is given and saved -- else the default shape; ``ngram`` and
-    ``guess`` given beside ``window="auto"`` are kept.
+    ``guess`` given beside it are kept. An explicit int ``window`` keeps the shape as given.
     """
     options = dict(options)
     workload = options.pop("workload", None)
-    if workload is not None:
-        options.setdefault("window", "auto")  # a workload names a tuned shape
+    # Whoever ran `lookahead tune` gets its shape without asking for it again.
+    options.setdefault("window", "auto")
     if options.get("window") != "auto":
         if workload is not None:
             raise ValueError(f"workload={workload!r} chooses a tuned shape: it needs "

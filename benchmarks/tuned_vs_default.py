@@ -23,13 +23,10 @@ from collections import defaultdict
 from lookahead.bench.args import apply_threads, comma_list, positive_int, quiet_loading
 from lookahead.bench.methods import MethodOptions, measure
 from lookahead.bench.tune import DEFAULT_SHAPE, load_profile, resolve_shape
+from lookahead.bench.tune import shape_label as shape_name
 from lookahead.config import LookaheadConfig
 from lookahead.datasets import encode_prompt, load_prompts
 from lookahead.models import load_model
-
-
-def shape_name(shape: dict[str, int]) -> str:
-    return "W{window} N{ngram} G{guess}".format(**shape)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -123,7 +123,8 @@ def test_tune_writes_a_profile_that_shape_auto_reads(tiny, capsys) -> None:
         assert list(per_set) == [str(tiny["prompts"])]
         assert per_set[str(tiny["prompts"])] == pytest.approx(shape["predicted_tokens_per_second"])
     best = max(profile["shapes"], key=lambda s: s["predicted_tokens_per_second"])
-    expected = dict(window=best["window"], ngram=best["ngram"], guess=best["guess"])
+    expected = dict(window=best["window"], ngram=best["ngram"], guess=best["guess"],
+                    lookup_tokens=8)  # the lookup length left out of a shape: the default's
     assert profile["best"] == expected
     assert resolve_shape(model, "float64", cache_dir=cache) == expected
 
@@ -156,7 +157,7 @@ def test_a_workload_profile_is_its_own_and_falls_back_to_the_general_one(tiny, c
     assert load_profile(model, "float64", cache_dir=cache, workload="code")["workload"] == "code"
     # The tuned "code" shape for --workload code; the general profile is untouched.
     assert resolve_shape(model, "float64", cache_dir=cache, workload="code") == dict(
-        window=1, ngram=2, guess=2
+        window=1, ngram=2, guess=2, lookup_tokens=8
     )
     assert resolve_shape(model, "float64", cache_dir=cache) == dict(window=3, ngram=4, guess=6)
     argv = _bench_argv(tiny, "--workload", "code")
@@ -240,6 +241,31 @@ def test_tuner_keeps_the_default_over_a_shape_that_is_slower_on_one_data_set() -
     chat_only["measured_tokens_per_second"], default["measured_tokens_per_second"] = 45.0, 40.0
     both["measured_tokens_per_second"] = 41.0
     assert choose_shape([default, chat_only, both], "measured", margin=0.03) is chat_only
+
+
+def test_a_shape_may_carry_the_lookup_length_and_the_tuner_can_choose_it(tiny, capsys) -> None:
+    cache, model = tiny["cache"] / "lookup", str(tiny["model"])
+    argv = [
+        "tune", "--model", model, "--dtype", "float64", "--dataset", str(tiny["prompts"]),
+        "--limit", "1", "--max-new-tokens", "8", "--tokens", "1,8", "--repeats", "1",
+        "--shapes", "2x3x2,2x3x2x4", "--margin", "0", "--cache-dir", str(cache),
+    ]  # fmt: skip
+    assert main(argv) == 0
+    assert "| 2 | 3 | 2 | 4 |" in capsys.readouterr().out  # the L column
+    profile = load_profile(model, "float64", cache_dir=cache)
+    assert [row["lookup_tokens"] for row in profile["shapes"]] == [8, 4]
+    best = max(profile["shapes"], key=lambda row: row["predicted_tokens_per_second"])
+    assert resolve_shape(model, "float64", cache_dir=cache)["lookup_tokens"] == best["lookup_tokens"]
+    # The default's (W, N, G) with another lookup length is not the default.
+    default = dict(DEFAULT_SHAPE, lookup_tokens=8, predicted_tokens_per_second=40.0)
+    longer = dict(DEFAULT_SHAPE, lookup_tokens=24, predicted_tokens_per_second=42.0)
+    assert choose_shape([default, longer], margin=0.03) is longer
+    assert choose_shape([default, longer], margin=0.1) is default
+    with pytest.raises(SystemExit):
+        main(["tune", "--shapes", "2x5x4x0"])
+    assert "L (lookup_tokens) in '2x5x4x0'" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="a shape is"):
+        TuneConfig(shapes=((2, 5, 4, 8, 1),))
 
 
 def test_tune_rejects_a_bad_margin_or_no_data_set() -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from dataclasses import asdict
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -26,6 +27,7 @@ from lookahead.bench.args import (
 from lookahead.bench.methods import METHODS, MethodOptions
 from lookahead.bench.report import markdown_table, write_results
 from lookahead.bench.runner import BenchConfig, run_benchmark
+from lookahead.bench.tune import shape_label
 from lookahead.config import DraftConfig, LookaheadConfig, PromptLookupConfig
 
 logger = logging.getLogger(__name__)
@@ -136,7 +138,7 @@ def run_with_progress(config: BenchConfig) -> dict:
     console = Console(stderr=True)
     console.print(
         f"[bold]{config.model}[/] {config.dtype}: {', '.join(config.run_methods)}; "
-        f"lookahead W={shape.window} N={shape.ngram} G={shape.guess}"
+        f"lookahead {shape_label(asdict(shape))}"
         + (", with memory of earlier answers" if config.options.memory else "")
     )
     columns = (

@@ -26,14 +26,17 @@ from lookahead.bench.args import (
 from lookahead.bench.cli import USER_ERRORS
 from lookahead.bench.tune import (
     DEFAULT_DATASETS,
+    DEFAULT_LOOKUP_TOKENS,
     DEFAULT_SHAPES,
     DEFAULT_TOKENS,
     SELECT,
     TuneConfig,
     profile_path,
+    shape_label,
     tune,
 )
-from lookahead.commands.common import float_in, workload_arg
+from lookahead.commands.common import float_in, int_in, workload_arg
+from lookahead.config import MAX_DRAFT_TOKENS
 
 logger = logging.getLogger(__name__)
 
@@ -66,7 +69,7 @@ def register(subparsers) -> None:
         "--shapes",
         type=_shape_list,
         default=DEFAULT_SHAPES,
-        help="WxNxG shapes to try (default "
+        help="WxNxG or WxNxGxL shapes to try, L the lookup continuation's length (default "
         + ",".join("x".join(map(str, s)) for s in DEFAULT_SHAPES)
         + ")",
     )
@@ -91,14 +94,22 @@ def _int_list(text: str) -> tuple[int, ...]:
     return tuple(positive_int(item) for item in comma_list()(text))
 
 
-def _shape_list(text: str) -> tuple[tuple[int, int, int], ...]:
+def _shape_list(text: str) -> tuple[tuple[int, ...], ...]:
     shapes = []
     for item in comma_list()(text):
-        shape = shape_arg(item)
-        if shape == "auto":
+        if item.strip().lower() == "auto":
             raise argparse.ArgumentTypeError(
                 "--shapes lists WxNxG shapes; 'auto' is what tune makes"
             )
+        parts = item.lower().split("x")
+        lookup = parts.pop() if len(parts) == 4 else None  # WxNxGxL
+        shape = shape_arg("x".join(parts))
+        if lookup is not None:
+            try:
+                shape = (*shape, int_in(1, MAX_DRAFT_TOKENS)(lookup))
+            except argparse.ArgumentTypeError as error:
+                message = f"L (lookup_tokens) in {item!r}: {error}"
+                raise argparse.ArgumentTypeError(message) from None
         shapes.append(shape)
     return tuple(shapes)
 
@@ -166,16 +177,17 @@ def profile_table(profile: dict) -> str:
         "| ms | " + " | ".join(f"{1000 * s:.1f}" for s in curve["seconds"]) + " |",
         "",
         (
-            "| W | N | G | tokens/step | fwd tokens | predicted tok/s | predicted speed-up "
+            "| W | N | G | L | tokens/step | fwd tokens | predicted tok/s | predicted speed-up "
             f"| predicted tok/s {' / '.join(sets)} | measured tok/s "
             "| step ms predicted/measured |"
         ),
-        "|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|",
+        "|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|",
     ]
     for row in profile["shapes"]:
         per_set = row.get("predicted_per_dataset", {})
         lines.append(
-            f"| {row['window']} | {row['ngram']} | {row['guess']} | {row['tokens_per_step']:.2f} "
+            f"| {row['window']} | {row['ngram']} | {row['guess']} "
+            f"| {row.get('lookup_tokens', DEFAULT_LOOKUP_TOKENS)} | {row['tokens_per_step']:.2f} "
             f"| {row['mean_forward_tokens']:.1f} | {row['predicted_tokens_per_second']:.1f} "
             f"| {row['predicted_tokens_per_second'] / base:.2f}x "
             f"| {' / '.join(f'{per_set.get(name, 0.0):.1f}' for name in sets)} "
@@ -187,7 +199,7 @@ def profile_table(profile: dict) -> str:
         "",
         (
             f"autoregressive predicted: {base:.1f} tok/s; best ({profile['select']}): "
-            f"W={best['window']} N={best['ngram']} G={best['guess']}"
+            + shape_label(best)
         ),
     ]
     return "\n".join(lines)

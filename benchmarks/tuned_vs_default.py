@@ -61,16 +61,19 @@ def main(argv: list[str] | None = None) -> int:
     model, tokenizer = load_model(args.model, args.dtype)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     warm = encode_prompt(tokenizer, load_prompts(args.datasets[0], 1)[0])
-    for dataset in args.datasets:
-        for method, options in runs_of(shapes[dataset]).values():
+    # dataset -> label -> (method, options); each distinct run warmed up once
+    runs = {d: runs_of(shapes[d]) for d in args.datasets}
+    warmed = set()
+    for method, options in (run for by_label in runs.values() for run in by_label.values()):
+        if (method, options) not in warmed:
             measure(method, model, warm, 32, options, pad_token_id=pad)
+            warmed.add((method, options))
     # (dataset, label) -> [tokens, seconds, steps, forward tokens]
     totals: dict = defaultdict(lambda: [0, 0.0, 0, 0.0])
     for dataset in args.datasets:
-        runs = runs_of(shapes[dataset])
         for prompt in load_prompts(dataset, args.skip + args.limit)[args.skip:]:
             ids = encode_prompt(tokenizer, prompt)
-            for label, (method, options) in runs.items():
+            for label, (method, options) in runs[dataset].items():
                 m = measure(method, model, ids, args.max_new_tokens, options, pad_token_id=pad)
                 forward = m.stats["mean_forward_tokens"] * m.steps if m.stats else m.steps
                 for i, value in enumerate((m.new_tokens, m.seconds, m.steps, forward)):

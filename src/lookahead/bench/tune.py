@@ -290,7 +290,7 @@ def tune(config: TuneConfig, progress: Progress | None = None, save: bool = True
         curve=curve,
         autoregressive_predicted_tokens_per_second=1.0 / cost_at(curve, 1),
         shapes=rows,
-        best={key: best[key] for key in SHAPE_KEYS},
+        best=shape_of(best),
     )
     if save:
         save_profile(profile, config.cache_dir)
@@ -313,6 +313,13 @@ def choose_shape(rows: list[dict], select: str = "predicted", margin: float = 0.
     if default is not None and best[key] <= default[key] * (1.0 + margin):
         return default
     return best
+
+
+def shape_of(row: Mapping) -> dict[str, int]:
+    """The shape keywords of a profile's ``best`` or a tuning row: (W, N, G), which must be
+    there (else KeyError), and the lookup length where given."""
+    shape = {key: row[key] for key in SHAPE_KEYS[:3]}
+    return shape | {key: row[key] for key in SHAPE_KEYS[3:] if key in row}
 
 
 def _is_default(row: dict) -> bool:
@@ -386,9 +393,7 @@ def load_profile(model_name: str, dtype, cache_dir=None, device: str = "cpu",
         return None
     try:
         profile = json.loads(path.read_text(encoding="utf-8"))
-        best = profile["best"]
-        LookaheadConfig(**{k: best[k] for k in ("window", "ngram", "guess")},
-                        **{k: best[k] for k in SHAPE_KEYS[3:] if k in best})
+        LookaheadConfig(**shape_of(profile["best"]))
     except (OSError, ValueError, TypeError, KeyError) as error:
         logger.warning("ignoring the unreadable tuning profile %s (%s)", path, error)
         return None
@@ -398,9 +403,8 @@ def load_profile(model_name: str, dtype, cache_dir=None, device: str = "cpu",
 def resolve_shape(model_name: str, dtype, cache_dir=None, device: str = "cpu",
                   workload: str | None = None) -> dict[str, int]:
     """``dict(window=, ngram=, guess=[, lookup_tokens=])``: the tuned best for this model, dtype
-    and device (from
-    the ``workload`` profile if one is named and saved, else the general one), else
-    ``DEFAULT_SHAPE``. Run ``lookahead tune --model NAME --dtype DTYPE [--workload W]`` to
+    and device (from the ``workload`` profile if one is named and saved, else the general one),
+    else ``DEFAULT_SHAPE``. Run ``lookahead tune --model NAME --dtype DTYPE [--workload W]`` to
     create a profile."""
     profile = None
     if workload is not None:
@@ -413,5 +417,4 @@ def resolve_shape(model_name: str, dtype, cache_dir=None, device: str = "cpu",
     if profile is None:
         logger.info("no tuning profile for %s (%s); using the default shape", model_name, dtype)
         return dict(DEFAULT_SHAPE)
-    best = profile["best"]
-    return {key: best[key] for key in SHAPE_KEYS if key in best}
+    return shape_of(profile["best"])

@@ -264,6 +264,9 @@ def test_a_shape_may_carry_the_lookup_length_and_the_tuner_can_choose_it(tiny, c
     with pytest.raises(SystemExit):
         main(["tune", "--shapes", "2x5x4x0"])
     assert "L (lookup_tokens) in '2x5x4x0'" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["tune", "--shapes", "2x5"])
+    assert "each shape is WxNxG or WxNxGxL" in capsys.readouterr().err
     with pytest.raises(ValueError, match="a shape is"):
         TuneConfig(shapes=((2, 5, 4, 8, 1),))
 

@@ -102,6 +102,10 @@ def _shape_list(text: str) -> tuple[tuple[int, ...], ...]:
                 "--shapes lists WxNxG shapes; 'auto' is what tune makes"
             )
         parts = item.lower().split("x")
+        if len(parts) not in (3, 4):
+            raise argparse.ArgumentTypeError(
+                f"each shape is WxNxG or WxNxGxL, such as 2x5x4 or 2x5x4x16, got {item!r}"
+            )
         lookup = parts.pop() if len(parts) == 4 else None  # WxNxGxL
         shape = shape_arg("x".join(parts))
         if lookup is not None:

@@ -52,6 +52,9 @@ def test_lookahead_shape_below_one(model, name, value):
         ("ngram", MAX_NGRAM + 1),
         ("guess", MAX_GUESS + 1),
         ("guess", 10**9),
+        ("lookup_tokens", MAX_DRAFT_TOKENS + 1),
+        ("lookup_max_tokens", MAX_DRAFT_TOKENS + 1),
+        ("lookup_max_tokens", -1),
     ],
 )
 def test_lookahead_shape_absurdly_large(model, name, value):

@@ -283,6 +283,38 @@ def test_lookahead_proposer_feeds_nothing_when_the_step_holds_x0_alone():
     assert proposal.branch is not None and len(proposal.branch.tokens) == 3
 
 
+def test_lookahead_copy_grows_while_accepted_whole_and_resets_after_a_miss():
+    config = LookaheadConfig(window=1, ngram=2, guess=1, lookup_tokens=2, lookup_max_tokens=5)
+    proposer = LookaheadProposer(config)
+    passage = list(range(10, 40))
+    text = [1, 2] + passage + [1, 2]  # the text repeats its start: copies follow "1 2"
+    proposer.start(text)
+
+    def step(accept: int | None = None) -> int:
+        """Propose, commit the copy's first ``accept`` tokens (all if None); its length."""
+        copied = proposer.propose(text, max_tokens=16).candidates[0]
+        committed = copied[:accept]
+        text.extend(committed)
+        proposer.update(text, StepOutcome(committed, len(committed), None))
+        return len(copied)
+
+    # Copies accepted whole: 2 tokens, then 4, then 5 (the cap), and the cap holds.
+    assert [step() for _ in range(4)] == [2, 4, 5, 5]
+    assert step(accept=1) == 5  # a copy cut short...
+    assert step() == 2  # ...brings the length back
+    assert step() == 4
+
+
+def test_lookahead_copy_length_stays_fixed_without_a_larger_max():
+    config = LookaheadConfig(window=1, ngram=2, guess=1, lookup_tokens=2, lookup_max_tokens=0)
+    proposer = LookaheadProposer(config)
+    text = [1, 2, 3, 4, 5, 6, 1, 2]
+    proposer.start(text)
+    assert proposer.propose(text, max_tokens=16).candidates[0] == [3, 4]
+    proposer.update(text + [3, 4], StepOutcome([3, 4], 2, None))  # accepted whole
+    assert proposer.propose(text + [3, 4], max_tokens=16).candidates[0] == [5, 6]  # not 4 long
+
+
 # --- prompt-lookup matching ----------------------------------------------------------------
 
 

@@ -31,7 +31,7 @@ logger = logging.getLogger(__name__)
 METHOD_OPTIONS = MappingProxyType({
     "autoregressive": (),
     "lookahead": ("window", "ngram", "guess", "prompt_pool", "output_pool", "lookup_ngram",
-                  "lookup_tokens", "memory", "workload"),
+                  "lookup_tokens", "lookup_max_tokens", "memory", "workload"),
     "prompt_lookup": ("num_draft_tokens", "max_ngram", "min_ngram", "memory"),
     "draft": ("draft_model", "num_draft_tokens", "lookup_tokens", "lookup_ngram"),
 })
@@ -72,7 +72,7 @@ def generate(model, input_ids, max_new_tokens: int = 256, method: str = "lookahe
     """Decode ``input_ids`` (LongTensor [1, prompt_len]) and return a ``GenerationResult``.
 
     ``method`` is "autoregressive", "lookahead" (options window, ngram, guess, prompt_pool,
-    output_pool; without a ``window``, or with ``window="auto"``, the shape ``lookahead tune``
+    output_pool, lookup_ngram, lookup_tokens, lookup_max_tokens; without a ``window``, or with ``window="auto"``, the shape ``lookahead tune``
     saved for this model and machine, else W2 N5 G4; ``workload="code"`` the one tuned for that
     kind of text; see ``resolve_auto_shape``), "prompt_lookup" (num_draft_tokens, max_ngram,
     min_ngram) or "draft" (draft_model, num_draft_tokens, lookup_tokens, lookup_ngram).

@@ -55,6 +55,10 @@ class LookaheadConfig:
         than one token of context.
     lookup_tokens: how many tokens that continuation may have (a repeated passage can be
         accepted whole, so it may be longer than the pool's N - 1).
+    lookup_max_tokens: while copies are accepted whole, each next copy is twice as long, up to
+        this many tokens (a passage being repeated tends to go on); the first copy that is not
+        brings the length back to ``lookup_tokens``. ``lookup_tokens`` or less (0) keeps the
+        length fixed.
     """
 
     # The default is small: on a 2-core CPU (bf16) a step of ~16 tokens costs ~1.2x a
@@ -68,6 +72,7 @@ class LookaheadConfig:
     output_pool: bool = True
     lookup_ngram: int = 3
     lookup_tokens: int = 8
+    lookup_max_tokens: int = 32
 
     def __post_init__(self) -> None:
         check_int("window", self.window, 1, MAX_WINDOW)
@@ -75,6 +80,7 @@ class LookaheadConfig:
         check_int("guess", self.guess, 1, MAX_GUESS)
         check_int("lookup_ngram", self.lookup_ngram, 0, MAX_NGRAM)
         check_int("lookup_tokens", self.lookup_tokens, 1, MAX_DRAFT_TOKENS)
+        check_int("lookup_max_tokens", self.lookup_max_tokens, 0, MAX_DRAFT_TOKENS)
 
     @property
     def levels(self) -> int:

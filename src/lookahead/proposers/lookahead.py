@@ -95,6 +95,8 @@ class LookaheadProposer:
         self.pool = NGramPool(config.ngram, config.guess)
         self.levels: list[list[int]] = []
         self._pooled = 0  # tokens of the text whose n-grams are in the pool
+        self._copy_length = config.lookup_tokens  # the next copied continuation's length
+        self._copied: list[int] = []  # this step's copied continuation
         self._visibility: dict[int, torch.Tensor] = {}
 
     def start(self, prompt: list[int]) -> None:
@@ -103,6 +105,7 @@ class LookaheadProposer:
         if cfg.prompt_pool:
             self.pool.add_all(prompt)
         self._pooled = len(prompt)
+        self._copy_length = cfg.lookup_tokens
         # The first level is seeded with prompt tokens; the rest fill in over N - 2 steps.
         self.levels = [[self._random.choice(prompt) for _ in range(cfg.window)]]
 
@@ -114,14 +117,20 @@ class LookaheadProposer:
             # request of ours decode as cheaply as a plain one when the server is busy.
             return Proposal()
         candidates = [c[:max_tokens] for c in self.pool.get(context[-1])]
-        if cfg.lookup_ngram >= 2:
-            length = min(cfg.lookup_tokens, max_tokens)
-            match = find_continuation(context, cfg.lookup_ngram, 2, length)
-            if not match and self.memory is not None:
-                match = self.memory.find(context, length)
-            if match:
-                candidates.insert(0, match)
+        self._copied = self._copy(context, min(self._copy_length, max_tokens))
+        if self._copied:
+            candidates.insert(0, self._copied)
         return Proposal(candidates, branch=self._branch())
+
+    def _copy(self, context: list[int], length: int) -> list[int]:
+        """Up to ``length`` tokens that followed the text's last n-gram earlier, else in
+        the memory; [] when lookup is off or nothing matches."""
+        if self.config.lookup_ngram < 2:
+            return []
+        match = find_continuation(context, self.config.lookup_ngram, 2, length)
+        if not match and self.memory is not None:
+            match = self.memory.find(context, length)
+        return match
 
     def update(self, context: list[int], outcome: StepOutcome) -> None:
         if outcome.branch_logits is not None:  # None when a busy server left the window out
@@ -129,6 +138,18 @@ class LookaheadProposer:
         if self.config.output_pool:
             self.pool.add_all(context, start=self._pooled - self.config.ngram + 1)
         self._pooled = len(context)
+        self._adapt_copy_length(outcome.committed)
+
+    def _adapt_copy_length(self, committed: list[int]) -> None:
+        """Double the copy length after a copy accepted whole (a passage being repeated is
+        likely to go on), back to ``lookup_tokens`` after one that is not."""
+        cfg = self.config
+        if not self._copied or cfg.lookup_max_tokens <= cfg.lookup_tokens:
+            return
+        if committed[: len(self._copied)] == self._copied:
+            self._copy_length = min(2 * self._copy_length, cfg.lookup_max_tokens)
+        else:
+            self._copy_length = cfg.lookup_tokens
 
     def _slide(self, guesses: list[int]) -> None:
         """Harvest the window's n-grams and make ``guesses`` (top level's outputs) its new top."""

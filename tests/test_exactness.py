@@ -46,13 +46,16 @@ METHOD_CASES = {
     "lookahead": ("lookahead", {}),
     "lookahead-w3n3g2": ("lookahead", {"window": 3, "ngram": 3, "guess": 2}),
     "lookahead-w1n2g1": ("lookahead", {"window": 1, "ngram": 2, "guess": 1}),
+    # Pool n-grams of one token and a copy that starts at 2 and grows while accepted whole.
+    "lookahead-growing-copy": ("lookahead", {"window": 1, "ngram": 2, "guess": 1,
+                                             "lookup_tokens": 2, "lookup_max_tokens": 16}),
     "prompt_lookup": ("prompt_lookup", {}),
     "draft-self": ("draft", {"draft_model": "self"}),
     "draft-other": ("draft", {"draft_model": "other"}),
 }
 
 # Methods whose candidates come from the text itself: on an echo prompt they must accept some.
-COPYING_METHODS = ("lookahead", "lookahead-w3n3g2", "prompt_lookup")
+COPYING_METHODS = ("lookahead", "lookahead-w3n3g2", "lookahead-growing-copy", "prompt_lookup")
 
 
 def reference(model, ids: torch.Tensor, max_new_tokens: int) -> torch.Tensor:
@@ -170,6 +173,16 @@ def test_multi_token_steps_happen(case_data, model_case):
     for method_case in ("lookahead", "prompt_lookup"):
         result = run(model, prompts["echo"], NEW_TOKENS, method_case, drafts)
         assert result.stats.tokens_per_step > 1, method_case
+
+
+@pytest.mark.parametrize("model_case", ["llama-sdpa", "qwen2-sliding8"])
+def test_growing_copy_is_accepted_beyond_its_first_length(case_data, model_case):
+    """On a text that repeats itself the copy grows past ``lookup_tokens`` (2 here), and steps
+    accept more than 2 tokens, which 1-token pool n-grams alone cannot give."""
+    model, drafts, prompts, refs = case_data(model_case)
+    result = run(model, prompts["echo"], NEW_TOKENS, "lookahead-growing-copy", drafts)
+    assert result.sequences.tolist() == refs["echo"].tolist()
+    assert max(result.stats.accepted_per_step) > 2
 
 
 @pytest.mark.parametrize(

@@ -73,10 +73,12 @@ def check_completion(tiny, input_ids: torch.Tensor, max_new_tokens: int, out: st
         ["--method", "autoregressive"],
         [],  # lookahead, the default
         ["--method", "lookahead", "--window", "3", "--ngram", "3", "--guess", "2"],
+        ["--method", "lookahead", "--lookup-tokens", "2", "--lookup-max-tokens", "16"],
         ["--method", "prompt_lookup", "--num-draft-tokens", "4", "--max-ngram", "2"],
         ["--method", "draft", "--draft-model", "SELF", "--num-draft-tokens", "3"],
     ],
-    ids=["autoregressive", "lookahead", "lookahead-shape", "prompt_lookup", "draft"],
+    ids=["autoregressive", "lookahead", "lookahead-shape", "lookahead-copy", "prompt_lookup",
+         "draft"],
 )
 def test_generate_prints_the_greedy_completion(tiny_folder, tiny, capsys, method_args) -> None:
     method_args = [str(tiny_folder) if a == "SELF" else a for a in method_args]
@@ -146,6 +148,9 @@ def test_generate_sampling_with_a_seed_repeats(tiny_folder, capsys) -> None:
         (["--method", "prompt_lookup", "--window", "5"], "--window"),
         (["--method", "autoregressive", "--num-draft-tokens", "3"], "--num-draft-tokens"),
         (["--method", "draft"], "--draft-model"),
+        (["--lookup-tokens", "65"], "--lookup-tokens"),
+        (["--lookup-tokens", "0"], "--lookup-tokens"),  # lookahead copies at least 1 token
+        (["--method", "prompt_lookup", "--lookup-max-tokens", "16"], "--lookup-max-tokens"),
         (["--method", "lookahead", "--draft-model", "x"], "--draft-model"),
         (["--temperature", "0.7"], "--temperature"),
         (["--sample", "--temperature", "0"], "--temperature"),
@@ -163,6 +168,17 @@ def test_bad_options_are_argparse_errors_naming_the_option(
     err = capsys.readouterr().err
     assert "usage: lookahead generate" in err
     assert f"argument {option}" in err
+
+
+def test_copy_length_flags_reach_the_method_options() -> None:
+    from lookahead.cli import build_parser
+    from lookahead.commands.common import method_options
+
+    argv = ["generate", "--model", "m", "--lookup-tokens", "4", "--lookup-max-tokens", "0", "hi"]
+    assert method_options(build_parser().parse_args(argv)) == {
+        "lookup_tokens": 4, "lookup_max_tokens": 0, "window": "auto"}
+    argv = ["serve", "--method", "draft", "--draft-model", "d", "--lookup-tokens", "0"]
+    assert method_options(build_parser().parse_args(argv))["lookup_tokens"] == 0
 
 
 def test_serve_memory_needs_a_method_that_copies(tiny_folder, capsys) -> None:

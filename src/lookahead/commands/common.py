@@ -41,7 +41,8 @@ logger = logging.getLogger(__name__)
 
 # The method options the CLI exposes, by the keyword lookahead.generate takes; the flag is
 # "--" + name with "-" for "_". (--draft-model is handled apart: it names a model to load.)
-_SHAPE_OPTIONS = ("window", "ngram", "guess", "workload", "num_draft_tokens", "max_ngram")
+_SHAPE_OPTIONS = ("window", "ngram", "guess", "workload", "lookup_tokens", "lookup_max_tokens",
+                  "num_draft_tokens", "max_ngram")
 _SAMPLING_OPTIONS = ("temperature", "top_p", "top_k", "seed")
 
 
@@ -190,6 +191,20 @@ def add_method_args(parser: argparse.ArgumentParser, *, default: str = "lookahea
         "(e.g. code), else the general tuned shape",
     )
     group.add_argument(
+        "--lookup-tokens",
+        type=int_in(0, MAX_DRAFT_TOKENS),
+        metavar="L",
+        help="lookahead, draft: length of the continuation copied from earlier text after the "
+        "last n-gram (default: 8, or the tuned profile's); draft: 0 turns the copy off",
+    )
+    group.add_argument(
+        "--lookup-max-tokens",
+        type=int_in(0, MAX_DRAFT_TOKENS),
+        metavar="L",
+        help="lookahead: the copy doubles up to this length while accepted whole (default: 32; "
+        "0 keeps it fixed)",
+    )
+    group.add_argument(
         "--num-draft-tokens",
         type=int_in(1, MAX_DRAFT_TOKENS),
         metavar="K",
@@ -262,6 +277,9 @@ def method_options(args: argparse.Namespace, draft_model: Any = None) -> dict[st
     if options.get("workload") is not None and options.get("window", "auto") != "auto":
         raise UsageError("--workload", f"chooses a tuned shape; it cannot go with --window "
                          f"{options['window']}")
+    if args.method == "lookahead" and options.get("lookup_tokens") == 0:
+        raise UsageError("--lookup-tokens", "must be at least 1 with --method lookahead "
+                         "(0 turns the copy off for --method draft only)")
     if args.method == "lookahead" and "window" not in options:
         options["window"] = "auto"  # resolved by make_decoder; --ngram/--guess still apply
     if args.method == "draft":

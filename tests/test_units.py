@@ -303,6 +303,13 @@ def test_lookahead_copy_grows_while_accepted_whole_and_resets_after_a_miss():
     assert step(accept=1) == 5  # a copy cut short...
     assert step() == 2  # ...brings the length back
     assert step() == 4
+    # A step of x0 alone (a busy server) copies nothing, so whatever it commits, the length
+    # stays where it was.
+    assert proposer.propose(text, max_tokens=0) == Proposal()
+    text.append(0)
+    proposer.update(text, StepOutcome([0], 0, None))
+    text.pop()
+    assert step() == 5
 
 
 def test_lookahead_copy_length_stays_fixed_without_a_larger_max():

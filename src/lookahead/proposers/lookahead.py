@@ -110,7 +110,7 @@ class LookaheadProposer:
         self.levels = [[self._random.choice(prompt) for _ in range(cfg.window)]]
 
     def propose(self, context: list[int], max_tokens: int) -> Proposal:
-        cfg = self.config
+        self._copied = []  # so that a step without a copy leaves its length alone
         if max_tokens <= 0:
             # The step feeds x0 alone (a busy server's share of one token) or is the text's
             # last: the window is of no use either. Proposing nothing, at no cost, lets a

@@ -151,6 +151,7 @@ def test_generate_sampling_with_a_seed_repeats(tiny_folder, capsys) -> None:
         (["--lookup-tokens", "65"], "--lookup-tokens"),
         (["--lookup-tokens", "0"], "--lookup-tokens"),  # lookahead copies at least 1 token
         (["--method", "prompt_lookup", "--lookup-max-tokens", "16"], "--lookup-max-tokens"),
+        (["--max-draft-tokens", "16"], "--max-draft-tokens"),  # lookahead's is --lookup-max-tokens
         (["--method", "lookahead", "--draft-model", "x"], "--draft-model"),
         (["--temperature", "0.7"], "--temperature"),
         (["--sample", "--temperature", "0"], "--temperature"),
@@ -179,6 +180,8 @@ def test_copy_length_flags_reach_the_method_options() -> None:
         "lookup_tokens": 4, "lookup_max_tokens": 0, "window": "auto"}
     argv = ["serve", "--method", "draft", "--draft-model", "d", "--lookup-tokens", "0"]
     assert method_options(build_parser().parse_args(argv))["lookup_tokens"] == 0
+    argv = ["chat", "--model", "m", "--method", "prompt_lookup", "--max-draft-tokens", "40"]
+    assert method_options(build_parser().parse_args(argv)) == {"max_draft_tokens": 40}
 
 
 def test_serve_memory_needs_a_method_that_copies(tiny_folder, capsys) -> None:

@@ -80,6 +80,8 @@ def test_lookahead_shape_of_wrong_type(model, name, value):
         ({"max_ngram": 0}, "max_ngram"),
         ({"max_ngram": 2, "min_ngram": 3}, "min_ngram"),
         ({"min_ngram": 0}, "min_ngram"),
+        ({"max_draft_tokens": MAX_DRAFT_TOKENS + 1}, "max_draft_tokens"),
+        ({"max_draft_tokens": -1}, "max_draft_tokens"),
     ],
 )
 def test_prompt_lookup_options(model, options, name):

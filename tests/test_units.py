@@ -21,12 +21,12 @@ from transformers import DynamicCache
 import lookahead
 from lookahead.attention import Branch, TokenTree, attention_mask, layout_step
 from lookahead.cache import GrowingLayer, cache_length, keep_new, new_cache
-from lookahead.config import DraftConfig, LookaheadConfig, SamplingConfig
+from lookahead.config import DraftConfig, LookaheadConfig, PromptLookupConfig, SamplingConfig
 from lookahead.decode import Decoder, fit_budget
 from lookahead.proposers.base import NoProposer, Proposal, StepOutcome
 from lookahead.proposers.draft import DraftProposer
 from lookahead.proposers.lookahead import LookaheadProposer, NGramPool, window_visibility
-from lookahead.proposers.prompt_lookup import find_continuation
+from lookahead.proposers.prompt_lookup import CopyLength, PromptLookupProposer, find_continuation
 from lookahead.server.shapes import prefill_length, prefill_lengths
 from lookahead.stats import GenerationStats
 from lookahead.verify import verify_greedy, verify_sampling
@@ -281,6 +281,38 @@ def test_lookahead_proposer_feeds_nothing_when_the_step_holds_x0_alone():
     # The copy after the first "5 6", then the pool's tails of x0 = 6, newest first, cut to 1.
     assert proposal.candidates == [[7], [8], [7]]
     assert proposal.branch is not None and len(proposal.branch.tokens) == 3
+
+
+def test_copy_length_doubles_to_its_most_and_falls_back_on_a_miss():
+    length = CopyLength(8, 32)  # the docstring's example
+    lengths = []
+    for _ in range(4):
+        lengths.append(length.value)
+        length.judge(list(range(length.value)), list(range(length.value)) + [99])
+    assert lengths == [8, 16, 32, 32]
+    length.judge([1, 2, 3], [1, 2, 4])
+    assert length.value == 8
+    length.judge([], [5])  # no copy this step: nothing to learn
+    assert length.value == 8
+    fixed = CopyLength(8, 0)
+    fixed.judge([1], [1, 2])
+    assert fixed.value == 8
+
+
+def test_prompt_lookup_copy_grows_only_when_asked():
+    text = [1, 2] + list(range(10, 40)) + [1, 2]
+    for most, expected in ((0, [2, 2, 2]), (8, [2, 4, 8])):
+        proposer = PromptLookupProposer(
+            PromptLookupConfig(num_draft_tokens=2, max_draft_tokens=most))
+        context = list(text)
+        proposer.start(context)
+        lengths = []
+        for _ in range(3):
+            copied = proposer.propose(context, max_tokens=16).candidates[0]
+            lengths.append(len(copied))
+            context += copied
+            proposer.update(context, StepOutcome(copied, len(copied)))
+        assert lengths == expected, most
 
 
 def test_lookahead_copy_grows_while_accepted_whole_and_resets_after_a_miss():

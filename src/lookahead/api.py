@@ -32,7 +32,8 @@ METHOD_OPTIONS = MappingProxyType({
     "autoregressive": (),
     "lookahead": ("window", "ngram", "guess", "prompt_pool", "output_pool", "lookup_ngram",
                   "lookup_tokens", "lookup_max_tokens", "memory", "workload"),
-    "prompt_lookup": ("num_draft_tokens", "max_ngram", "min_ngram", "memory"),
+    "prompt_lookup": ("num_draft_tokens", "max_ngram", "min_ngram", "max_draft_tokens",
+                      "memory"),
     "draft": ("draft_model", "num_draft_tokens", "lookup_tokens", "lookup_ngram"),
 })
 

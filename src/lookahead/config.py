@@ -91,14 +91,22 @@ class LookaheadConfig:
 @dataclass(frozen=True)
 class PromptLookupConfig:
     """Prompt lookup decoding: copy the tokens that followed the first earlier occurrence of the
-    text's last n-gram (n from ``max_ngram`` down to ``min_ngram``)."""
+    text's last n-gram (n from ``max_ngram`` down to ``min_ngram``).
+
+    num_draft_tokens: how many tokens the copy has.
+    max_draft_tokens: while copies are accepted whole, each next one is twice as long, up to
+        this many tokens; a copy that is not brings the length back to ``num_draft_tokens``.
+        ``num_draft_tokens`` or less (0) keeps the length fixed, as Hugging Face's does.
+    """
 
     num_draft_tokens: int = 10
     max_ngram: int = 3
     min_ngram: int = 1
+    max_draft_tokens: int = 0
 
     def __post_init__(self) -> None:
         check_int("num_draft_tokens", self.num_draft_tokens, 1, MAX_DRAFT_TOKENS)
+        check_int("max_draft_tokens", self.max_draft_tokens, 0, MAX_DRAFT_TOKENS)
         check_int("max_ngram", self.max_ngram, 1, MAX_NGRAM)
         check_int("min_ngram", self.min_ngram, 1, self.max_ngram)
 

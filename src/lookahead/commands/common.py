@@ -42,7 +42,7 @@ logger = logging.getLogger(__name__)
 # The method options the CLI exposes, by the keyword lookahead.generate takes; the flag is
 # "--" + name with "-" for "_". (--draft-model is handled apart: it names a model to load.)
 _SHAPE_OPTIONS = ("window", "ngram", "guess", "workload", "lookup_tokens", "lookup_max_tokens",
-                  "num_draft_tokens", "max_ngram")
+                  "num_draft_tokens", "max_draft_tokens", "max_ngram")
 _SAMPLING_OPTIONS = ("temperature", "top_p", "top_k", "seed")
 
 
@@ -209,6 +209,13 @@ def add_method_args(parser: argparse.ArgumentParser, *, default: str = "lookahea
         type=int_in(1, MAX_DRAFT_TOKENS),
         metavar="K",
         help="prompt_lookup, draft: tokens proposed per step",
+    )
+    group.add_argument(
+        "--max-draft-tokens",
+        type=int_in(0, MAX_DRAFT_TOKENS),
+        metavar="K",
+        help="prompt_lookup: the copy doubles up to this length while accepted whole "
+        "(default: 0, fixed at --num-draft-tokens)",
     )
     group.add_argument(
         "--max-ngram",

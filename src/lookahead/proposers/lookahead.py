@@ -25,7 +25,7 @@ from lookahead.attention import Branch
 from lookahead.config import LookaheadConfig
 from lookahead.memory import TextMemory
 from lookahead.proposers.base import Proposal, StepOutcome
-from lookahead.proposers.prompt_lookup import find_continuation
+from lookahead.proposers.prompt_lookup import CopyLength, find_continuation
 from lookahead.verify import argmax
 
 
@@ -95,7 +95,7 @@ class LookaheadProposer:
         self.pool = NGramPool(config.ngram, config.guess)
         self.levels: list[list[int]] = []
         self._pooled = 0  # tokens of the text whose n-grams are in the pool
-        self._copy_length = config.lookup_tokens  # the next copied continuation's length
+        self.copy_length = CopyLength(config.lookup_tokens, config.lookup_max_tokens)
         self._copied: list[int] = []  # this step's copied continuation
         self._visibility: dict[int, torch.Tensor] = {}
 
@@ -105,7 +105,7 @@ class LookaheadProposer:
         if cfg.prompt_pool:
             self.pool.add_all(prompt)
         self._pooled = len(prompt)
-        self._copy_length = cfg.lookup_tokens
+        self.copy_length.reset()
         # The first level is seeded with prompt tokens; the rest fill in over N - 2 steps.
         self.levels = [[self._random.choice(prompt) for _ in range(cfg.window)]]
 
@@ -117,7 +117,7 @@ class LookaheadProposer:
             # request of ours decode as cheaply as a plain one when the server is busy.
             return Proposal()
         candidates = [c[:max_tokens] for c in self.pool.get(context[-1])]
-        self._copied = self._copy(context, min(self._copy_length, max_tokens))
+        self._copied = self._copy(context, min(self.copy_length.value, max_tokens))
         if self._copied:
             candidates.insert(0, self._copied)
         return Proposal(candidates, branch=self._branch())
@@ -138,18 +138,7 @@ class LookaheadProposer:
         if self.config.output_pool:
             self.pool.add_all(context, start=self._pooled - self.config.ngram + 1)
         self._pooled = len(context)
-        self._adapt_copy_length(outcome.committed)
-
-    def _adapt_copy_length(self, committed: list[int]) -> None:
-        """Double the copy length after a copy accepted whole (a passage being repeated is
-        likely to go on), back to ``lookup_tokens`` after one that is not."""
-        cfg = self.config
-        if not self._copied or cfg.lookup_max_tokens <= cfg.lookup_tokens:
-            return
-        if committed[: len(self._copied)] == self._copied:
-            self._copy_length = min(2 * self._copy_length, cfg.lookup_max_tokens)
-        else:
-            self._copy_length = cfg.lookup_tokens
+        self.copy_length.judge(self._copied, outcome.committed)
 
     def _slide(self, guesses: list[int]) -> None:
         """Harvest the window's n-grams and make ``guesses`` (top level's outputs) its new top."""

@@ -40,6 +40,32 @@ def find_continuation(
     return []
 
 
+class CopyLength:
+    """How many tokens the next copied continuation may have: ``first``, doubled after each copy
+    the step accepts whole (a passage being repeated tends to go on) up to ``most``, and back
+    to ``first`` after a copy that is not. ``most <= first`` keeps it at ``first``.
+
+    Example: first=8, most=32: copies of 8, 16, 32, 32 accepted whole, then one cut short -> 8.
+    """
+
+    def __init__(self, first: int, most: int) -> None:
+        self.first = first
+        self.most = most
+        self.value = first
+
+    def reset(self) -> None:
+        self.value = self.first
+
+    def judge(self, copied: list[int], committed: list[int]) -> None:
+        """Learn from a step that proposed ``copied`` and committed ``committed``."""
+        if not copied or self.most <= self.first:
+            return
+        if committed[: len(copied)] == copied:
+            self.value = min(2 * self.value, self.most)
+        else:
+            self.value = self.first
+
+
 class PromptLookupProposer:
     """Proposes one candidate copied from earlier text (prompt and output alike), else from
     ``memory``, the texts of earlier requests (see ``lookahead.memory``)."""
@@ -47,12 +73,15 @@ class PromptLookupProposer:
     def __init__(self, config: PromptLookupConfig, memory: TextMemory | None = None) -> None:
         self.config = config
         self.memory = memory
+        self.length = CopyLength(config.num_draft_tokens, config.max_draft_tokens)
+        self._copied: list[int] = []  # this step's copy
 
     def start(self, prompt: list[int]) -> None:
-        pass
+        self.length.reset()
 
     def propose(self, context: list[int], max_tokens: int) -> Proposal:
-        length = min(self.config.num_draft_tokens, max_tokens)
+        self._copied = []  # so that a step without a copy leaves the length alone
+        length = min(self.length.value, max_tokens)
         if length <= 0:
             return Proposal()
         cfg = self.config
@@ -64,7 +93,8 @@ class PromptLookupProposer:
             match = match or self.memory.find(context, length)
             if not match and cfg.min_ngram == 1:
                 match = find_continuation(context, 1, 1, length)
+        self._copied = match
         return Proposal([match]) if match else Proposal()
 
     def update(self, context: list[int], outcome: StepOutcome) -> None:
-        pass
+        self.length.judge(self._copied, outcome.committed)

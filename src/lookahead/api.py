@@ -73,10 +73,11 @@ def generate(model, input_ids, max_new_tokens: int = 256, method: str = "lookahe
     """Decode ``input_ids`` (LongTensor [1, prompt_len]) and return a ``GenerationResult``.
 
     ``method`` is "autoregressive", "lookahead" (options window, ngram, guess, prompt_pool,
-    output_pool, lookup_ngram, lookup_tokens, lookup_max_tokens; without a ``window``, or with ``window="auto"``, the shape ``lookahead tune``
-    saved for this model and machine, else W2 N5 G4; ``workload="code"`` the one tuned for that
-    kind of text; see ``resolve_auto_shape``), "prompt_lookup" (num_draft_tokens, max_ngram,
-    min_ngram) or "draft" (draft_model, num_draft_tokens, lookup_tokens, lookup_ngram).
+    output_pool, lookup_ngram, lookup_tokens, lookup_max_tokens; without a ``window``, or with
+    ``window="auto"``, the shape ``lookahead tune`` saved for this model and machine, else
+    W2 N5 G4; ``workload="code"`` the one tuned for that kind of text; see
+    ``resolve_auto_shape``), "prompt_lookup" (num_draft_tokens, max_ngram, min_ngram,
+    max_draft_tokens) or "draft" (draft_model, num_draft_tokens, lookup_tokens, lookup_ngram).
     ``memory`` (lookahead and prompt lookup): a ``TextMemory`` of earlier requests' texts to
     copy from; the finished text is added to it.
     Sampling options for every method: do_sample, temperature, top_k, top_p, seed;

@@ -226,6 +226,38 @@ def test_bad_requests_are_400_naming_the_field(served, change, param) -> None:
     assert error["message"]
 
 
+@pytest.mark.parametrize(
+    "change, param",
+    [
+        ({"response_format": {"type": "json_object"}}, "response_format"),
+        ({"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}},
+         "response_format"),
+        ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
+        ({"functions": [{"name": "f"}]}, "functions"),
+        ({"tool_choice": "required"}, "tool_choice"),
+        ({"function_call": "auto"}, "function_call"),
+        ({"logprobs": True}, "logprobs"),
+        ({"top_logprobs": 2}, "top_logprobs"),
+    ],
+)
+def test_chat_fields_the_engine_cannot_honour_are_400(served, change, param) -> None:
+    """A client that asks for JSON or a tool call must not get free text it cannot parse."""
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "w1"}], "max_tokens": 4,
+            "temperature": 0, **change}
+    response = httpx.post(served[0].url + "/v1/chat/completions", json=body, timeout=30)
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["param"] == param, error
+    assert param in error["message"]
+
+
+def test_chat_accepts_the_defaults_of_those_fields(served, client) -> None:
+    reply = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "w1"}], max_tokens=4, temperature=0,
+        response_format={"type": "text"}, tool_choice="none", logprobs=False)
+    assert reply.usage.completion_tokens >= 1
+
+
 def test_server_keeps_answering_after_faults(served, client) -> None:
     server = served[0]
     assert httpx.post(server.url + "/v1/completions", content=b"{not json",

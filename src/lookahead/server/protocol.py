@@ -1,8 +1,10 @@
 """The OpenAI wire format: request bodies (validated by pydantic), responses and errors.
 
 Only what the engine can honour is accepted: ``n``, ``logprobs``, ``echo``, ``best_of``,
-``suffix``, penalties and ``logit_bias`` other than their defaults are refused with a 400 naming
-the field, rather than silently ignored. Unknown fields are ignored, as OpenAI does.
+``suffix``, penalties and ``logit_bias`` other than their defaults, and in chat a JSON
+``response_format``, ``tools`` (or ``functions``) and ``top_logprobs``, are refused with a 400
+naming the field, rather than silently ignored: a client that asked for JSON or a tool call
+would otherwise get free text it cannot parse. Unknown fields are ignored, as OpenAI does.
 
 The extra body field ``lookahead`` picks the method and its shape per request::
 
@@ -164,12 +166,42 @@ class ChatCompletionRequest(_Sampling):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool = False
+    top_logprobs: int | None = None
+    response_format: dict[str, Any] | None = None
+    tools: list[dict[str, Any]] | None = None
+    functions: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    function_call: str | dict[str, Any] | None = None
 
-    @field_validator("logprobs")
+    @field_validator("logprobs", "top_logprobs")
     @classmethod
-    def _no_logprobs(cls, value: bool) -> bool:
+    def _no_logprobs(cls, value, info):
         if value:
-            raise ValueError("logprobs is not supported")
+            raise ValueError(f"{info.field_name} is not supported")
+        return value
+
+    @field_validator("response_format")
+    @classmethod
+    def _text_only(cls, value):
+        kind = (value or {}).get("type", "text")
+        if kind != "text":
+            raise ValueError(f"only {{'type': 'text'}} is supported (no JSON mode or schema), "
+                             f"got type {kind!r}")
+        return value
+
+    @field_validator("tools", "functions")
+    @classmethod
+    def _no_tools(cls, value, info):
+        if value:
+            raise ValueError(f"{info.field_name} (tool calling) is not supported")
+        return value
+
+    @field_validator("tool_choice", "function_call")
+    @classmethod
+    def _no_tool_choice(cls, value, info):
+        if value not in (None, "none"):
+            raise ValueError(f"tool calling is not supported; leave {info.field_name} out or "
+                             f"set it to 'none'")
         return value
 
     @property

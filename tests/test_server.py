@@ -363,3 +363,21 @@ def test_loadtest_alternates_methods_and_pools_repeats(served, tmp_path, monkeyp
         assert cell["ttft_p50"] <= cell["latency_p50"]
     assert all((out / name).stat().st_size > 0 for name in ("throughput.png", "ttft.png",
                                                              "latency.png"))
+
+
+def test_loadtest_without_a_server_is_an_error_naming_url(served, tmp_path, capsys) -> None:
+    closed = socket.socket()
+    closed.bind(("127.0.0.1", 0))  # bound, never listening: connections are refused
+    dead = f"http://127.0.0.1:{closed.getsockname()[1]}"
+    try:
+        for url, says in [(dead, "no server answers"),
+                          (served[0].url + "/elsewhere", "not an OpenAI-compatible server")]:
+            with pytest.raises(SystemExit) as exit_:
+                lookahead.cli.main(["loadtest", "--url", url, "--requests", "1",
+                                    "--out", str(tmp_path)])
+            assert exit_.value.code == 2
+            error = capsys.readouterr().err
+            assert "argument --url" in error and says in error and url in error
+    finally:
+        closed.close()
+    assert not (tmp_path / "results.json").exists()

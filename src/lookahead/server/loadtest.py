@@ -118,7 +118,7 @@ def run(args: argparse.Namespace) -> int:
 async def _run(args, prompts: list[Prompt]) -> dict:
     limits = httpx.Limits(max_connections=max(args.concurrency) + 4)
     async with httpx.AsyncClient(base_url=args.url, timeout=args.timeout, limits=limits) as client:
-        model = (await client.get("/v1/models")).json()["data"][0]["id"]
+        model = await _served_model(client, args.url)
         rss_before = await _server_rss(client)
         rng = random.Random(args.seed)
         cells = []
@@ -190,6 +190,22 @@ def _summarize(method: str, concurrency: int, runs: list[tuple[list[Outcome], fl
         load_average=os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
         repeats=len(runs),
     )
+
+
+async def _served_model(client, url: str) -> str:
+    """The id of the model the server at ``url`` serves (``GET /v1/models``); a ``UsageError``
+    naming ``--url`` when nothing answers there, or not as an OpenAI-compatible server."""
+    try:
+        response = await client.get("/v1/models")
+    except httpx.HTTPError as error:
+        raise UsageError("--url", f"no server answers at {url} "
+                         f"({type(error).__name__}: {error}); start one with `lookahead serve`") from None
+    try:
+        response.raise_for_status()
+        return response.json()["data"][0]["id"]
+    except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError):
+        raise UsageError("--url", f"{url} is not an OpenAI-compatible server: GET /v1/models "
+                         f"answered {response.status_code} {response.text[:100]!r}") from None
 
 
 async def _request(client, model, prompt: Prompt, method, max_tokens, hang_up_after=None) -> Outcome:

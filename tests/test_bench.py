@@ -96,6 +96,15 @@ def test_bench_runs_every_method_and_writes_results(tiny, capsys) -> None:
     assert (out / "results.md").read_text().startswith("model ")
 
 
+def test_bench_header_names_the_shape_only_when_lookahead_runs(tiny, capsys) -> None:
+    for methods, shown in [("hf,lookahead", True), ("hf,prompt_lookup", False)]:
+        argv = _bench_argv(tiny, "--methods", methods, "--limit", "1", "--shape", "3x3x3",
+                           "--no-plots", "--out", str(tiny["out"] / methods))
+        assert main(argv) == 0
+        header = " ".join(capsys.readouterr().err.split())  # rich wraps long lines
+        assert ("lookahead W=3 N=3 G=3" in header) is shown, methods
+
+
 def test_tune_writes_a_profile_that_shape_auto_reads(tiny, capsys) -> None:
     cache, model = tiny["cache"], str(tiny["model"])
     assert resolve_shape(model, "float64", cache_dir=cache) == dict(DEFAULT_SHAPE)

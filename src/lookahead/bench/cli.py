@@ -136,11 +136,10 @@ def run_with_progress(config: BenchConfig) -> dict:
     """``run_benchmark`` with a rich progress bar on stderr."""
     shape = config.options.lookahead
     console = Console(stderr=True)
-    console.print(
-        f"[bold]{config.model}[/] {config.dtype}: {', '.join(config.run_methods)}; "
-        f"lookahead {shape_label(asdict(shape))}"
-        + (", with memory of earlier answers" if config.options.memory else "")
-    )
+    header = f"[bold]{config.model}[/] {config.dtype}: {', '.join(config.run_methods)}"
+    if "lookahead" in config.run_methods:  # the shape is news only when lookahead runs
+        header += f"; lookahead {shape_label(asdict(shape))}"
+    console.print(header + (", with memory of earlier answers" if config.options.memory else ""))
     columns = (
         TextColumn("{task.description}"),
         BarColumn(),

@@ -98,3 +98,19 @@ def test_ctrl_d_at_the_prompt_leaves(tiny_folder) -> None:
     finally:
         child.close(force=True)
     assert child.exitstatus == 0
+
+
+def test_ctrl_c_during_an_answer_sets_a_flag_then_raises_and_the_handler_is_restored() -> None:
+    import signal
+
+    from lookahead.commands.chat import ctrl_c_requests_stop
+
+    before = signal.getsignal(signal.SIGINT)
+    with ctrl_c_requests_stop() as stop:
+        assert not stop.is_set()
+        os.kill(os.getpid(), signal.SIGINT)  # Python runs the handler at the next bytecode
+        assert stop.is_set()
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGINT)
+            sum(range(1000))  # a few bytecodes for the handler to run in
+    assert signal.getsignal(signal.SIGINT) is before

@@ -11,6 +11,10 @@ committed together are shown in blue, and each answer ends with a statistics lin
 from __future__ import annotations
 
 import argparse
+import contextlib
+import signal
+import threading
+from collections.abc import Iterator
 
 from rich.console import Console
 
@@ -88,13 +92,39 @@ def run(args: argparse.Namespace) -> int:
 def answer_turn(console: Console, tokenizer, stream, *, debug: bool) -> str:
     """Print the streamed answer; return its text. Ctrl-C ends the answer early, not the chat."""
     delta = TextDelta(tokenizer)
-    try:
-        for tokens in stream:
-            style = MULTI_TOKEN_STYLE if debug and len(tokens) > 1 else None
-            console.print(delta.push(tokens), style=style, end="", markup=False)
-    except KeyboardInterrupt:
+    with ctrl_c_requests_stop() as stop:
+        try:
+            for tokens in stream:
+                style = MULTI_TOKEN_STYLE if debug and len(tokens) > 1 else None
+                console.print(delta.push(tokens), style=style, end="", markup=False)
+                if stop.is_set():
+                    break
+        except KeyboardInterrupt:  # a second Ctrl-C, during a step that does not end
+            pass
+    if stop.is_set():
         console.print(" [dim](stopped)[/]", end="")
     console.print(delta.finish(), end="\n", markup=False)
     if debug:
         console.print(f"[dim]{stats_line(stream.stats)}[/]")
     return tokenizer.decode(delta.ids, skip_special_tokens=True)
+
+
+@contextlib.contextmanager
+def ctrl_c_requests_stop() -> Iterator[threading.Event]:
+    """While inside, the first Ctrl-C sets the yielded event and the second raises as usual.
+
+    A KeyboardInterrupt raised at an arbitrary bytecode can land in a finaliser, where Python
+    prints and drops it, and the answer runs on; a flag checked after each step cannot be lost.
+    """
+    stop = threading.Event()
+
+    def on_sigint(signum, frame) -> None:
+        if stop.is_set():
+            raise KeyboardInterrupt
+        stop.set()
+
+    previous = signal.signal(signal.SIGINT, on_sigint)
+    try:
+        yield stop
+    finally:
+        signal.signal(signal.SIGINT, previous)

@@ -285,3 +285,17 @@ def test_demo_on_the_bundled_model_prints_identical(capsys) -> None:
     assert "identical" in out
     assert "DIFFERENT" not in out
     assert "speed-up" in out and "tokens/step" in out
+
+
+def test_version_names_lookahead_torch_and_transformers(capsys) -> None:
+    import importlib.metadata
+
+    import transformers
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--version"])
+    assert exit_info.value.code == 0
+    line = capsys.readouterr().out.strip()
+    assert line.startswith(f"lookahead {importlib.metadata.version('lookahead')} ")
+    assert f"torch {torch.__version__}" in line
+    assert f"transformers {transformers.__version__}" in line

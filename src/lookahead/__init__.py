@@ -5,6 +5,8 @@
     result = lookahead.generate(model, input_ids, max_new_tokens=256, method="lookahead")
 """
 
+from importlib.metadata import PackageNotFoundError, version
+
 from lookahead.api import GenerationResult, Stream, generate, stream
 from lookahead.config import (
     METHODS,
@@ -16,6 +18,11 @@ from lookahead.config import (
 from lookahead.grouped_attention import use_grouped_attention
 from lookahead.memory import TextMemory
 from lookahead.stats import GenerationStats
+
+try:
+    __version__ = version("lookahead")
+except PackageNotFoundError:  # imported from a source tree that was never installed
+    __version__ = "0+unknown"
 
 
 def load_model(*args, **kwargs):
@@ -35,6 +42,7 @@ __all__ = [
     "SamplingConfig",
     "Stream",
     "TextMemory",
+    "__version__",
     "generate",
     "load_model",
     "stream",

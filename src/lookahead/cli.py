@@ -10,6 +10,7 @@ import argparse
 import importlib
 import logging
 import sys
+from importlib.metadata import PackageNotFoundError, version
 
 # Modules that register subcommands, in the order ``--help`` lists them.
 SUBCOMMAND_MODULES: tuple[str, ...] = (
@@ -30,10 +31,24 @@ def build_parser() -> argparse.ArgumentParser:
         "prompt lookup and draft-model speculative decoding.",
     )
     parser.add_argument("-v", "--verbose", action="count", default=0, help="more logging")
+    parser.add_argument("--version", action="version", version=version_line(),
+                        help="print the versions of lookahead, torch and transformers")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name in SUBCOMMAND_MODULES:
         importlib.import_module(name).register(subparsers)
     return parser
+
+
+def version_line() -> str:
+    """What a bug report needs: our version and the two libraries the decoding depends on."""
+
+    def of(package: str) -> str:
+        try:
+            return version(package)
+        except PackageNotFoundError:
+            return "not installed"
+
+    return f"lookahead {of('lookahead')} (torch {of('torch')}, transformers {of('transformers')})"
 
 
 def main(argv: list[str] | None = None) -> int:

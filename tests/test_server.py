@@ -23,6 +23,7 @@ from test_server_engine import (
 
 import lookahead
 import lookahead.cli
+from lookahead.datasets import load_prompts
 from lookahead.server.app import ServerSettings, create_app
 from lookahead.server.detokenize import Detokenizer
 from lookahead.server.engine import Engine, EngineConfig
@@ -361,6 +362,11 @@ def test_loadtest_alternates_methods_and_pools_repeats(served, tmp_path, monkeyp
         assert (cell["requests"], cell["completed"], cell["repeats"], cell["errors"]) == (9, 9, 3, 0)
         assert 9 <= cell["tokens"] <= 45 and cell["throughput"] > 0
         assert cell["ttft_p50"] <= cell["latency_p50"]
+        outcomes = cell["outcomes"]  # every request, with its prompt and repeat
+        assert sorted(o["repeat"] for o in outcomes) == [0, 0, 0, 1, 1, 1, 2, 2, 2]
+        assert {o["prompt"] for o in outcomes} == {p.id for p in load_prompts(str(prompts))}
+        assert sum(o["tokens"] for o in outcomes) == cell["tokens"]
+        assert all(o["ttft"] <= o["latency"] for o in outcomes)
     assert all((out / name).stat().st_size > 0 for name in ("throughput.png", "ttft.png",
                                                              "latency.png"))
 

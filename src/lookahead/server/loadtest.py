@@ -17,7 +17,8 @@ percent within minutes, each method then sees about the same share of fast and s
 The server's resident memory (``process_resident_memory_bytes`` from /metrics) is read before
 and after, once the server is idle again.
 
-Writes ``results.json`` and ``throughput.png``, ``ttft.png``, ``latency.png`` into ``--out``.
+Writes ``results.json`` (each cell's figures, and every request's prompt id, repeat, tokens,
+TTFT and latency) and ``throughput.png``, ``ttft.png``, ``latency.png`` into ``--out``.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ import os
 import random
 import statistics
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import httpx
@@ -47,6 +48,7 @@ class Outcome:
     """One request as the client saw it."""
 
     status: int
+    prompt: str = ""  # the data set's prompt id
     tokens: int = 0
     ttft: float | None = None
     latency: float = 0.0
@@ -74,6 +76,9 @@ class Cell:
     latency_p95: float | None
     load_average: float | None = None  # this machine's 1-minute load at the cell's end
     repeats: int = 1  # runs pooled into the cell (``--repeat``)
+    # Every request, in the order they finished within each run (dicts of ``Outcome``'s fields
+    # and ``repeat``): which prompts were slow, and whether a run was slow on every prompt.
+    outcomes: list[dict] = field(default_factory=list)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -136,7 +141,8 @@ async def _run(args, prompts: list[Prompt]) -> dict:
                                                         concurrency, args, rng))
             for method in args.methods:
                 cell = _summarize(method, concurrency, runs[method])
-                logger.info("%s", cell)
+                logger.info("%s at concurrency %d: %.1f tok/s, %d of %d done", method,
+                            concurrency, cell.throughput, cell.completed, cell.requests)
                 cells.append(asdict(cell))
         idle = await _wait_idle(client)
         rss_after = await _server_rss(client)
@@ -160,8 +166,10 @@ async def _run_cell(client, model, prompts, method, concurrency, args,
         while jobs:
             j = jobs.pop(0)
             prompt = prompts[j % len(prompts)]
-            outcomes.append(await _request(client, model, prompt, method, args.max_tokens,
-                                           hang_up.get(j)))
+            outcome = await _request(client, model, prompt, method, args.max_tokens,
+                                     hang_up.get(j))
+            outcome.prompt = prompt.id
+            outcomes.append(outcome)
 
     start = time.perf_counter()
     await asyncio.gather(*(worker() for _ in range(concurrency)))
@@ -189,6 +197,8 @@ def _summarize(method: str, concurrency: int, runs: list[tuple[list[Outcome], fl
         latency_p50=_percentile(latencies, 50), latency_p95=_percentile(latencies, 95),
         load_average=os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
         repeats=len(runs),
+        outcomes=[dict(asdict(o), repeat=r) for r, (run_outcomes, _) in enumerate(runs)
+                  for o in run_outcomes],
     )
 
 

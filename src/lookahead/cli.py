@@ -10,7 +10,11 @@ import argparse
 import importlib
 import logging
 import sys
-from importlib.metadata import PackageNotFoundError, version
+
+import torch
+import transformers
+
+from lookahead import __version__
 
 # Modules that register subcommands, in the order ``--help`` lists them.
 SUBCOMMAND_MODULES: tuple[str, ...] = (
@@ -41,14 +45,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def version_line() -> str:
     """What a bug report needs: our version and the two libraries the decoding depends on."""
-
-    def of(package: str) -> str:
-        try:
-            return version(package)
-        except PackageNotFoundError:
-            return "not installed"
-
-    return f"lookahead {of('lookahead')} (torch {of('torch')}, transformers {of('transformers')})"
+    return (f"lookahead {__version__} "
+            f"(torch {torch.__version__}, transformers {transformers.__version__})")
 
 
 def main(argv: list[str] | None = None) -> int:

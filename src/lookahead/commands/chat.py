@@ -92,15 +92,13 @@ def run(args: argparse.Namespace) -> int:
 def answer_turn(console: Console, tokenizer, stream, *, debug: bool) -> str:
     """Print the streamed answer; return its text. Ctrl-C ends the answer early, not the chat."""
     delta = TextDelta(tokenizer)
-    with ctrl_c_requests_stop() as stop:
-        try:
-            for tokens in stream:
-                style = MULTI_TOKEN_STYLE if debug and len(tokens) > 1 else None
-                console.print(delta.push(tokens), style=style, end="", markup=False)
-                if stop.is_set():
-                    break
-        except KeyboardInterrupt:  # a second Ctrl-C, during a step that does not end
-            pass
+    # The suppress catches a second Ctrl-C, for a step that does not end.
+    with ctrl_c_requests_stop() as stop, contextlib.suppress(KeyboardInterrupt):
+        for tokens in stream:
+            style = MULTI_TOKEN_STYLE if debug and len(tokens) > 1 else None
+            console.print(delta.push(tokens), style=style, end="", markup=False)
+            if stop.is_set():
+                break
     if stop.is_set():
         console.print(" [dim](stopped)[/]", end="")
     console.print(delta.finish(), end="\n", markup=False)

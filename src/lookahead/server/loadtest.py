@@ -166,10 +166,8 @@ async def _run_cell(client, model, prompts, method, concurrency, args,
         while jobs:
             j = jobs.pop(0)
             prompt = prompts[j % len(prompts)]
-            outcome = await _request(client, model, prompt, method, args.max_tokens,
-                                     hang_up.get(j))
-            outcome.prompt = prompt.id
-            outcomes.append(outcome)
+            outcomes.append(await _request(client, model, prompt, method, args.max_tokens,
+                                           hang_up.get(j)))
 
     start = time.perf_counter()
     await asyncio.gather(*(worker() for _ in range(concurrency)))
@@ -227,7 +225,7 @@ async def _request(client, model, prompt: Prompt, method, max_tokens, hang_up_af
     else:
         path, body["prompt"] = "/v1/completions", prompt.text
     start = time.perf_counter()
-    outcome = Outcome(status=0)
+    outcome = Outcome(status=0, prompt=prompt.id)
     try:
         async with client.stream("POST", path, json=body) as response:
             outcome.status = response.status_code

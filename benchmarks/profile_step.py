@@ -22,7 +22,7 @@ import torch
 from lookahead.api import make_decoder
 from lookahead.attention import TokenTree, attention_mask, layout_step
 from lookahead.bench.args import apply_threads, positive_int, shape_arg
-from lookahead.cache import cache_length, keep_new
+from lookahead.cache import cache_keyword, cache_length, keep_new
 from lookahead.datasets import encode_prompt, load_prompts
 from lookahead.decode import StepPlan, fit_budget
 from lookahead.models import load_model
@@ -60,7 +60,7 @@ def timed_step(decoder, clock: Clock) -> None:
         input_ids=layout.input_ids,
         position_ids=layout.position_ids,
         attention_mask=mask,
-        past_key_values=decoder.cache,
+        **{decoder.cache_keyword: decoder.cache},
         use_cache=True,
         logits_to_keep=keep,
     )
@@ -113,7 +113,8 @@ def forward_variants(model, input_ids, shape, repeats: int = 15) -> dict[str, fl
     from transformers import DynamicCache
 
     cache = DynamicCache()
-    model(input_ids=input_ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
+    keyword = cache_keyword(model)
+    model(input_ids=input_ids, **{keyword: cache}, use_cache=True, logits_to_keep=1)
     past = cache_length(cache)
     window, ngram, guess = shape
     t = 1 + window * (ngram - 1) + guess * (ngram - 1) // 2  # a typical step
@@ -132,7 +133,7 @@ def forward_variants(model, input_ids, shape, repeats: int = 15) -> dict[str, fl
         times = []
         for _ in range(repeats + 2):
             start = time.perf_counter()
-            model(input_ids=x, position_ids=pos, attention_mask=m, past_key_values=cache,
+            model(input_ids=x, position_ids=pos, attention_mask=m, **{keyword: cache},
                   use_cache=True, logits_to_keep=k)  # fmt: skip
             times.append(1e6 * (time.perf_counter() - start))
             cache.crop(-x.shape[1])

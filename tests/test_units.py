@@ -20,7 +20,7 @@ from transformers import DynamicCache
 
 import lookahead
 from lookahead.attention import Branch, TokenTree, attention_mask, layout_step
-from lookahead.cache import GrowingLayer, cache_length, keep_new, new_cache
+from lookahead.cache import GrowingLayer, cache_keyword, cache_length, keep_new, new_cache
 from lookahead.config import DraftConfig, LookaheadConfig, PromptLookupConfig, SamplingConfig
 from lookahead.decode import Decoder, fit_budget
 from lookahead.proposers.base import NoProposer, Proposal, StepOutcome
@@ -507,6 +507,28 @@ def test_growing_layer_holds_what_concatenation_holds(operations):
                 cache.layers[0].batch_select_indices(index)
         assert torch.equal(ours.layers[0].keys, theirs.layers[0].keys)
         assert torch.equal(ours.layers[0].values, theirs.layers[0].values)
+
+
+class _OldForward(torch.nn.Module):
+    def forward(self, input_ids, past_key_values=None, use_cache=None):
+        return input_ids
+
+
+class _NewForward(torch.nn.Module):
+    def forward(self, input_ids, cache=None, use_cache=None):
+        return input_ids
+
+
+def test_cache_keyword_follows_the_forward_signature():
+    """Before transformers 5.24 the cache is ``past_key_values``, from it ``cache``; a wrapper
+    put on one model instance does not hide the class's own name. (That the name chosen for
+    the installed transformers raises no deprecation warning, pyproject's filterwarnings
+    checks in every test that decodes.)"""
+    assert cache_keyword(_OldForward()) == "past_key_values"
+    assert cache_keyword(_NewForward()) == "cache"
+    wrapped = _NewForward()
+    wrapped.forward = lambda *args, **kwargs: None
+    assert cache_keyword(wrapped) == "cache"
 
 
 # --- the accept rules ----------------------------------------------------------------------

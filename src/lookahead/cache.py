@@ -11,6 +11,8 @@ costs what it adds, and rolling back only shortens a view (nothing is copied).
 
 from __future__ import annotations
 
+import inspect
+
 import torch
 from transformers import Cache
 from transformers.cache_utils import DynamicLayer
@@ -85,6 +87,21 @@ def new_cache() -> Cache:
     their own, while we enforce windows through the attention mask (see ``attention.py``).
     """
     return Cache(layer_class_to_replicate=GrowingLayer)
+
+
+def cache_keyword(model: torch.nn.Module) -> str:
+    """The keyword under which ``model``'s forward takes the KV cache.
+
+    Transformers 5.24 renamed ``past_key_values`` to ``cache`` (the old name warns, and goes in
+    5.40); earlier 5.x releases and models written for them know only ``past_key_values``. The
+    class's forward is read, not the instance's, so that a wrapper set on one model (a test's,
+    a profiler's) does not hide the name. Look it up once per model and pass the cache as
+    ``model(**{keyword: cache}, ...)``.
+    """
+    forward = getattr(type(model), "forward", None)
+    if forward is None:  # not a module (a test's stand-in): the name every 5.x release takes
+        return "past_key_values"
+    return "cache" if "cache" in inspect.signature(forward).parameters else "past_key_values"
 
 
 def cache_length(cache: Cache) -> int:

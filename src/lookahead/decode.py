@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from lookahead.attention import StepLayout, TokenTree, attention_mask, layout_step
-from lookahead.cache import cache_length, keep_new, new_cache
+from lookahead.cache import cache_keyword, cache_length, keep_new, new_cache
 from lookahead.config import SamplingConfig
 from lookahead.memory import TextMemory
 from lookahead.proposers.base import Proposal, Proposer, StepOutcome
@@ -110,6 +110,7 @@ class Decoder:
         self.generator = generator
         self.memory = memory
         self.cache = new_cache()
+        self.cache_keyword = cache_keyword(model)  # "cache" or "past_key_values"
         self.prompt = input_ids[0].tolist()
         self.context: list[int] = list(self.prompt)
         self.stats = GenerationStats(method=method, prompt_tokens=len(self.prompt))
@@ -147,7 +148,7 @@ class Decoder:
                            dtype=torch.long, device=self.model.device)
         last = len(self.prompt) - 1
         keep = 1 if length == len(self.prompt) else torch.tensor([last], device=ids.device)
-        out = self.model(input_ids=ids, past_key_values=self.cache, use_cache=True,
+        out = self.model(input_ids=ids, **{self.cache_keyword: self.cache}, use_cache=True,
                          logits_to_keep=keep)
         keep_new(self.cache, len(self.prompt), [])  # drops the padding's entries, if any
         token = choose(out.logits[0, -1], self.sampling, self.generator)
@@ -231,7 +232,8 @@ class Decoder:
         self.cache = new_cache()
         self._rope_cached_at = len(self.context)
         ids = torch.tensor([self.context], dtype=torch.long, device=self.model.device)
-        out = self.model(input_ids=ids, past_key_values=self.cache, use_cache=True, logits_to_keep=1)
+        out = self.model(input_ids=ids, **{self.cache_keyword: self.cache}, use_cache=True,
+                         logits_to_keep=1)
         committed = self._commit([choose(out.logits[0, -1], self.sampling, self.generator)])
         self.stats.record_step(len(self.context), 0, 0)
         self.proposer.update(self.context, StepOutcome(committed, 0, None))
@@ -250,7 +252,7 @@ class Decoder:
             input_ids=layout.input_ids.to(device),
             position_ids=layout.position_ids.to(device),
             attention_mask=mask,
-            past_key_values=self.cache,
+            **{self.cache_keyword: self.cache},
             use_cache=True,
             logits_to_keep=keep,
         )

@@ -50,7 +50,7 @@ import transformers
 
 import lookahead
 from lookahead.attention import attention_mask
-from lookahead.cache import new_cache
+from lookahead.cache import cache_keyword, new_cache
 from lookahead.config import LookaheadConfig, check_int, check_workload
 from lookahead.datasets import encode_prompt, load_prompts
 from lookahead.models import DEFAULT_MODEL, default_cache_dir, load_model, resolve_dtype
@@ -153,7 +153,8 @@ def forward_cost_curve(model, input_ids: torch.Tensor, tokens, repeats: int = 5)
     Returns ``dict(tokens=[k...], seconds=[median...], prompt_tokens=L)``.
     """
     cache = new_cache()  # as our decoding has it
-    model(input_ids=input_ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
+    keyword = cache_keyword(model)
+    model(input_ids=input_ids, **{keyword: cache}, use_cache=True, logits_to_keep=1)
     past = cache.get_seq_length()
     prompt = input_ids[0]
     timings: dict[int, list[float]] = {k: [] for k in tokens}
@@ -170,7 +171,7 @@ def forward_cost_curve(model, input_ids: torch.Tensor, tokens, repeats: int = 5)
                 input_ids=ids,
                 position_ids=positions,
                 attention_mask=mask,
-                past_key_values=cache,
+                **{keyword: cache},
                 use_cache=True,
             )
             elapsed = time.perf_counter() - start

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from lookahead.cache import cache_length, keep_new, new_cache
+from lookahead.cache import cache_keyword, cache_length, keep_new, new_cache
 from lookahead.config import DraftConfig, SamplingConfig
 from lookahead.proposers.base import Proposal, StepOutcome
 from lookahead.proposers.prompt_lookup import find_continuation
@@ -33,6 +33,7 @@ class DraftProposer:
         self.sampling = sampling
         self.generator = generator
         self.cache = new_cache()
+        self.cache_keyword = cache_keyword(draft_model)  # "cache" or "past_key_values"
         self._cached = 0  # tokens of the committed text in the draft cache
         self._drafted = 0  # tokens drafted in the last step
         self.forwards = 0  # draft forward passes run, for statistics
@@ -58,7 +59,7 @@ class DraftProposer:
         """Feed ``ids`` after the cache; logits [rows, V] of the last ``rows`` inputs."""
         self.forwards += 1
         tensor = torch.tensor([ids], dtype=torch.long, device=self.model.device)
-        out = self.model(input_ids=tensor, past_key_values=self.cache, use_cache=True,
+        out = self.model(input_ids=tensor, **{self.cache_keyword: self.cache}, use_cache=True,
                          logits_to_keep=rows)
         return out.logits[0]
 

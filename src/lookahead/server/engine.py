@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from lookahead.cache import cache_keyword
 from lookahead.config import check_int
 from lookahead.decode import Decoder, StepPlan, longrope_switch
 from lookahead.server.batch_cache import BatchedCache
@@ -234,6 +235,7 @@ class Engine:
                  metrics: ServerMetrics | None = None) -> None:
         self.model = model
         self.tokenizer = tokenizer
+        self._cache_keyword = cache_keyword(model)  # "cache" or "past_key_values"
         self.config = config or EngineConfig()
         self.metrics = metrics or ServerMetrics(
             running=lambda: self.running_count,
@@ -406,7 +408,7 @@ class Engine:
             input_ids=batch.input_ids,
             position_ids=batch.position_ids,
             attention_mask=batch.mask,
-            past_key_values=self._cache.cache,
+            **{self._cache_keyword: self._cache.cache},
             use_cache=True,
             logits_to_keep=batch.logit_rows,
         )

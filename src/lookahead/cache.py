@@ -95,7 +95,8 @@ def cache_keyword(model: torch.nn.Module) -> str:
     Transformers 5.24 renamed ``past_key_values`` to ``cache`` (the old name warns, and goes in
     5.40); earlier 5.x releases and models written for them know only ``past_key_values``. The
     class's forward is read, not the instance's, so that a wrapper set on one model (a test's,
-    a profiler's) does not hide the name. Look it up once per model and pass the cache as
+    a profiler's) does not hide the name. Look it up once per caller (a request's ``Decoder``,
+    the server's ``Engine``: ~17 us, not once per step) and pass the cache as
     ``model(**{keyword: cache}, ...)``.
     """
     forward = getattr(type(model), "forward", None)

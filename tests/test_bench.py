@@ -25,8 +25,10 @@ from lookahead.bench.tune import (
     monotone,
     profile_path,
     resolve_shape,
+    token_cost_of,
 )
 from lookahead.cli import build_parser, main
+from lookahead.config import LookaheadConfig
 from lookahead.commands.common import UsageError, method_options
 
 # A small vocabulary makes a random model repeat itself, so proposers get accepted.
@@ -132,8 +134,10 @@ def test_tune_writes_a_profile_that_shape_auto_reads(tiny, capsys) -> None:
         assert list(per_set) == [str(tiny["prompts"])]
         assert per_set[str(tiny["prompts"])] == pytest.approx(shape["predicted_tokens_per_second"])
     best = max(profile["shapes"], key=lambda s: s["predicted_tokens_per_second"])
+    # The lookup length left out of a shape: the default's; the window's price: this curve's.
+    assert profile["token_cost"] == pytest.approx(token_cost_of(profile["curve"]), abs=1e-4)
     expected = dict(window=best["window"], ngram=best["ngram"], guess=best["guess"],
-                    lookup_tokens=8)  # the lookup length left out of a shape: the default's
+                    lookup_tokens=8, token_cost=profile["token_cost"])
     assert profile["best"] == expected
     assert resolve_shape(model, "float64", cache_dir=cache) == expected
 
@@ -165,8 +169,9 @@ def test_a_workload_profile_is_its_own_and_falls_back_to_the_general_one(tiny, c
     assert path.name.endswith("-float64-cpu-code.json") and path.is_file()
     assert load_profile(model, "float64", cache_dir=cache, workload="code")["workload"] == "code"
     # The tuned "code" shape for --workload code; the general profile is untouched.
+    code = load_profile(model, "float64", cache_dir=cache, workload="code")
     assert resolve_shape(model, "float64", cache_dir=cache, workload="code") == dict(
-        window=1, ngram=2, guess=2, lookup_tokens=8
+        window=1, ngram=2, guess=2, lookup_tokens=8, token_cost=code["token_cost"]
     )
     assert resolve_shape(model, "float64", cache_dir=cache) == dict(window=3, ngram=4, guess=6)
     argv = _bench_argv(tiny, "--workload", "code")
@@ -216,6 +221,15 @@ def test_cost_curve_interpolates_and_extends() -> None:
     assert cost_at(curve, 6) == pytest.approx(0.014)
     assert cost_at(curve, 16) == pytest.approx(0.034)  # along the last segment
     assert cost_at(dict(tokens=[2], seconds=[0.02]), 4) == pytest.approx(0.04)
+
+
+def test_token_cost_is_the_curves_slope_over_one_token() -> None:
+    tokens = [1, 4, 8, 16, 32, 64]
+    seconds = [0.040 + 0.001 * (k - 1) for k in tokens[:-1]] + [0.5]  # 64: beyond a step's size
+    assert token_cost_of(dict(tokens=tokens, seconds=seconds)) == pytest.approx(0.025)
+    assert token_cost_of(dict(tokens=[1, 8, 16], seconds=[0.01] * 3)) == 0.0  # free tokens
+    assert token_cost_of(dict(tokens=[1, 2], seconds=[0.01, 0.05])) == 1.0  # at most 1
+    assert token_cost_of(dict(tokens=[1], seconds=[0.01])) == LookaheadConfig().token_cost
 
 
 def test_cost_curve_is_made_non_decreasing() -> None:

@@ -210,6 +210,11 @@ def test_configs_validate_on_their_own():
         LookaheadConfig(ngram=1)
     with pytest.raises(ValueError, match="window"):
         LookaheadConfig(window=0)
+    for cost in (-0.1, 1.5, "0.1", True):
+        with pytest.raises(ValueError, match="token_cost"):
+            LookaheadConfig(token_cost=cost)
+    with pytest.raises(ValueError, match="window_probe"):
+        LookaheadConfig(window_probe=0)
     with pytest.raises(ValueError, match="num_draft_tokens"):
         DraftConfig(num_draft_tokens=0)
     with pytest.raises(ValueError, match="min_ngram"):

@@ -44,7 +44,11 @@ MODEL_CASES = {
 METHOD_CASES = {
     "autoregressive": ("autoregressive", {}),
     "lookahead": ("lookahead", {}),
-    "lookahead-w3n3g2": ("lookahead", {"window": 3, "ngram": 3, "guess": 2}),
+    # The window at every step (the paper's rule), and a window that must pay a high price:
+    # after its warm-up it runs every 3rd step only, its levels kept between runs.
+    "lookahead-w3n3g2": ("lookahead", {"window": 3, "ngram": 3, "guess": 2, "token_cost": 0}),
+    "lookahead-gauged": ("lookahead", {"window": 3, "ngram": 3, "guess": 2, "token_cost": 1.0,
+                                       "window_probe": 3}),
     "lookahead-w1n2g1": ("lookahead", {"window": 1, "ngram": 2, "guess": 1}),
     # Pool n-grams of one token and a copy that starts at 2 and grows while accepted whole.
     "lookahead-growing-copy": ("lookahead", {"window": 1, "ngram": 2, "guess": 1,

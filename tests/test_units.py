@@ -25,7 +25,12 @@ from lookahead.config import DraftConfig, LookaheadConfig, PromptLookupConfig, S
 from lookahead.decode import Decoder, fit_budget
 from lookahead.proposers.base import NoProposer, Proposal, StepOutcome
 from lookahead.proposers.draft import DraftProposer
-from lookahead.proposers.lookahead import LookaheadProposer, NGramPool, window_visibility
+from lookahead.proposers.lookahead import (
+    LookaheadProposer,
+    NGramPool,
+    WindowGauge,
+    window_visibility,
+)
 from lookahead.proposers.prompt_lookup import CopyLength, PromptLookupProposer, find_continuation
 from lookahead.server.shapes import prefill_length, prefill_lengths
 from lookahead.stats import GenerationStats
@@ -266,6 +271,65 @@ def test_ngram_pool_add_all_from_start():
     assert pool.get(6) == []
     pool.add_all([5, 5])  # shorter than n
     assert pool.get(5) == []
+
+
+def test_ngram_pool_marks_the_windows_guesses_until_the_text_has_them():
+    pool = NGramPool(3, capacity=4)
+    pool.add([1, 2, 3], guessed=True)
+    pool.add([1, 5, 6], guessed=True)
+    pool.add_all([0, 1, 2, 3])  # the text confirms 1 2 3
+    pool.add([1, 2, 3], guessed=True)  # guessed again: still the text's
+    assert pool.entries(1) == [([2, 3], False), ([5, 6], True)]
+    assert pool.get(1) == [[2, 3], [5, 6]]
+
+
+def test_window_gauge_gain_is_what_the_windows_candidates_add():
+    gauge = WindowGauge(token_cost=0.0, probe=100, warm_up=0)
+    # The text's candidate reaches 2 tokens of what was committed, the window's 3.
+    gauge.record([[1, 2, 3], [1, 2, 9, 9]], [True, False], committed=[1, 2, 9, 5])
+    assert (gauge.gain, gauge.committed) == (1.0, 4.0)
+    gauge.record([[1, 2, 9]], [True], committed=[1, 2, 9, 5])  # the text's own: no gain
+    gauge.record([], [], committed=[7])
+    assert gauge.gain == pytest.approx(1 / 3) and gauge.committed == pytest.approx(3.0)
+
+
+def test_window_gauge_runs_the_window_only_while_it_pays():
+    free = WindowGauge(token_cost=0.0, probe=100, warm_up=0)
+    free.record([], [], committed=[1])
+    assert all(free.wants_window(64, 10) for _ in range(20))  # free tokens: always
+    dear = WindowGauge(token_cost=0.05, probe=4, warm_up=2)
+    decisions = []
+    for _ in range(8):
+        decisions.append(dear.wants_window(window_tokens=8, other_tokens=9))
+        dear.record([[5, 6]], [True], committed=[5, 6, 7])  # the window adds nothing
+    assert decisions == [True, True, False, True, False, False, False, True]  # warm-up, probes
+    # g (1 + k t) >= k b s: 0.4 x 1.45 = 0.58 >= 0.05 x 8 x 3.4 = 1.36 fails, 1.0 x 1.45 passes.
+    for gain, pays in ((0.4, False), (1.0, True)):
+        dear.gain, dear.committed, dear.steps = gain, 3.4, 9
+        assert dear.wants_window(window_tokens=8, other_tokens=9) is pays, gain
+
+
+def test_lookahead_window_stops_when_it_does_not_pay_and_keeps_its_levels():
+    config = LookaheadConfig(window=2, ngram=3, guess=2, token_cost=1.0, window_probe=5)
+    proposer = LookaheadProposer(config)
+    text = [5, 6, 7, 5, 6, 8, 5]
+    proposer.start(text)
+    branches = []
+    for step in range(10):
+        proposal = proposer.propose(text, max_tokens=4)
+        branches.append(proposal.branch is not None)
+        logits = None
+        if proposal.branch is not None:
+            logits = torch.zeros(len(proposal.branch.logit_rows), 20)
+            logits[:, 9] = 1.0  # the window guesses 9 everywhere: never accepted
+        text = text + [step + 10]
+        proposer.update(text, StepOutcome([step + 10], 0, logits))
+    # 2 x (N - 1) = 4 warm-up steps, then only the probes: every 5th step (5 and 10).
+    assert branches == [True] * 5 + [False] * 4 + [True]
+    assert proposer.levels == [[9, 9], [9, 9]]
+    always = LookaheadProposer(LookaheadConfig(window=2, ngram=3, guess=2, token_cost=0.0))
+    always.start(text)
+    assert all(always.propose(text, max_tokens=4).branch is not None for _ in range(10))
 
 
 def test_lookahead_proposer_feeds_nothing_when_the_step_holds_x0_alone():

@@ -31,7 +31,8 @@ logger = logging.getLogger(__name__)
 METHOD_OPTIONS = MappingProxyType({
     "autoregressive": (),
     "lookahead": ("window", "ngram", "guess", "prompt_pool", "output_pool", "lookup_ngram",
-                  "lookup_tokens", "lookup_max_tokens", "memory", "workload"),
+                  "lookup_tokens", "lookup_max_tokens", "token_cost", "window_probe", "memory",
+                  "workload"),
     "prompt_lookup": ("num_draft_tokens", "max_ngram", "min_ngram", "max_draft_tokens",
                       "memory"),
     "draft": ("draft_model", "num_draft_tokens", "lookup_tokens", "lookup_ngram"),
@@ -73,7 +74,9 @@ def generate(model, input_ids, max_new_tokens: int = 256, method: str = "lookahe
     """Decode ``input_ids`` (LongTensor [1, prompt_len]) and return a ``GenerationResult``.
 
     ``method`` is "autoregressive", "lookahead" (options window, ngram, guess, prompt_pool,
-    output_pool, lookup_ngram, lookup_tokens, lookup_max_tokens; without a ``window``, or with
+    output_pool, lookup_ngram, lookup_tokens, lookup_max_tokens, token_cost (what one more
+    token in a forward pass costs: the window runs while it pays at that price; 0 runs it at
+    every step), window_probe; without a ``window``, or with
     ``window="auto"``, the shape ``lookahead tune`` saved for this model and machine, else
     W2 N5 G4; ``workload="code"`` the one tuned for that kind of text; see
     ``resolve_auto_shape``), "prompt_lookup" (num_draft_tokens, max_ngram, min_ngram,

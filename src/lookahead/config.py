@@ -59,6 +59,12 @@ class LookaheadConfig:
         this many tokens (a passage being repeated tends to go on); the first copy that is not
         brings the length back to ``lookup_tokens``. ``lookup_tokens`` or less (0) keeps the
         length fixed.
+    token_cost: what one more token in a step's forward pass costs, as a fraction of a
+        one-token pass. The window runs while the tokens its n-grams add per step pay for its
+        W x (N - 1) tokens at that price (``WindowGauge``, measured per request). 0 runs it at
+        every step, as the paper does: right where a few more tokens are free, as on a GPU.
+    window_probe: while the window does not pay, it still runs every this many steps, so that
+        its gain is measured again as the text changes.
     """
 
     # The default is small: on a 2-core CPU (bf16) a step of ~16 tokens costs ~1.2x a
@@ -73,6 +79,12 @@ class LookaheadConfig:
     lookup_ngram: int = 3
     lookup_tokens: int = 8
     lookup_max_tokens: int = 32
+    # SmolLM2-135M bf16 on a 2-core CPU: 16 tokens cost ~1.4x one, 32 ~1.8x. There the
+    # window's n-grams added 0.03-0.3 tokens per step for its 8 tokens, which paid on prose
+    # with little to copy and not on code that repeats itself (`lookahead tune` measures
+    # this machine's price).
+    token_cost: float = 0.025
+    window_probe: int = 16
 
     def __post_init__(self) -> None:
         check_int("window", self.window, 1, MAX_WINDOW)
@@ -81,6 +93,10 @@ class LookaheadConfig:
         check_int("lookup_ngram", self.lookup_ngram, 0, MAX_NGRAM)
         check_int("lookup_tokens", self.lookup_tokens, 1, MAX_DRAFT_TOKENS)
         check_int("lookup_max_tokens", self.lookup_max_tokens, 0, MAX_DRAFT_TOKENS)
+        check_int("window_probe", self.window_probe, 1, 1 << 20)
+        if (isinstance(self.token_cost, bool) or not isinstance(self.token_cost, (int, float))
+                or not 0.0 <= self.token_cost <= 1.0):
+            raise ValueError(f"token_cost must be a number in [0, 1], got {self.token_cost!r}")
 
     @property
     def levels(self) -> int:

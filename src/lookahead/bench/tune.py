@@ -210,16 +210,34 @@ def cost_at(curve: Mapping, k: float) -> float:
     return max(s0 + (s1 - s0) * (k - k0) / (k1 - k0), 0.0)
 
 
+def token_cost_of(curve: Mapping, up_to: int = 32) -> float:
+    """What one more token costs as a fraction of a one-token pass (``LookaheadConfig.
+    token_cost``): the least-squares slope of the curve over sizes up to ``up_to`` (where a
+    lookahead step's live), over the cost of one token; in [0, 1]."""
+    points = [(k, s) for k, s in zip(curve["tokens"], curve["seconds"]) if k <= up_to]
+    if len(points) < 2:
+        return LookaheadConfig().token_cost
+    n = len(points)
+    mean_k = sum(k for k, _ in points) / n
+    mean_s = sum(s for _, s in points) / n
+    spread = sum((k - mean_k) ** 2 for k, _ in points)
+    slope = sum((k - mean_k) * (s - mean_s) for k, s in points) / spread
+    return min(max(slope / cost_at(curve, 1), 0.0), 1.0)
+
+
 def measure_shape(model, prompts: Mapping[str, list[torch.Tensor]], shape, max_new_tokens: int,
-                  curve) -> dict:
+                  curve, token_cost: float | None = None) -> dict:
     """Run lookahead with ``shape`` on ``prompts`` (data set -> prompts); its acceptance,
     timing and predicted speed, overall and per data set (``predicted_per_dataset``).
+    ``token_cost``: the price at which the window must pay (the default's when None).
 
     Decoding figures leave the prefill out: ``tokens_per_step`` is tokens after the first per
     decoding step, ``predicted_tokens_per_second`` those tokens over the curve's cost of each
     step's forward tokens.
     """
     options = shape_dict(shape)
+    if token_cost is not None:
+        options["token_cost"] = token_cost
     new = steps = 0
     seconds = decode_seconds = predicted_seconds = 0.0
     forward: list[int] = []
@@ -264,13 +282,15 @@ def tune(config: TuneConfig, progress: Progress | None = None, save: bool = True
     total = 1 + len(config.shapes)
     _report(progress, 0, total, "forward-cost curve")
     curve = forward_cost_curve(model, first, config.tokens, config.repeats)
+    token_cost = round(token_cost_of(curve), 4)  # the window runs at this machine's price
     rows = []
     for index, shape in enumerate(config.shapes, start=1):
         _report(progress, index, total, shape_label(shape))
         lookahead.generate(
             model, first, min(config.max_new_tokens, 32), "lookahead", **shape_dict(shape)
         )  # warm-up
-        rows.append(measure_shape(model, prompts, shape, config.max_new_tokens, curve))
+        rows.append(measure_shape(model, prompts, shape, config.max_new_tokens, curve,
+                                  token_cost))
     _report(progress, total, total, "done")
     best = choose_shape(rows, config.select, config.margin)
     profile = dict(
@@ -289,6 +309,7 @@ def tune(config: TuneConfig, progress: Progress | None = None, save: bool = True
         select=config.select,
         margin=config.margin,
         curve=curve,
+        token_cost=token_cost,
         autoregressive_predicted_tokens_per_second=1.0 / cost_at(curve, 1),
         shapes=rows,
         best=shape_of(best),
@@ -316,11 +337,11 @@ def choose_shape(rows: list[dict], select: str = "predicted", margin: float = 0.
     return best
 
 
-def shape_of(row: Mapping) -> dict[str, int]:
+def shape_of(row: Mapping) -> dict[str, float]:
     """The shape keywords of a profile's ``best`` or a tuning row: (W, N, G), which must be
-    there (else KeyError), and the lookup length where given."""
+    there (else KeyError), and the lookup length and token cost where given."""
     shape = {key: row[key] for key in SHAPE_KEYS[:3]}
-    return shape | {key: row[key] for key in SHAPE_KEYS[3:] if key in row}
+    return shape | {key: row[key] for key in (*SHAPE_KEYS[3:], "token_cost") if key in row}
 
 
 def _is_default(row: dict) -> bool:

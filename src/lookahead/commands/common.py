@@ -42,7 +42,7 @@ logger = logging.getLogger(__name__)
 # The method options the CLI exposes, by the keyword lookahead.generate takes; the flag is
 # "--" + name with "-" for "_". (--draft-model is handled apart: it names a model to load.)
 _SHAPE_OPTIONS = ("window", "ngram", "guess", "workload", "lookup_tokens", "lookup_max_tokens",
-                  "num_draft_tokens", "max_draft_tokens", "max_ngram")
+                  "token_cost", "num_draft_tokens", "max_draft_tokens", "max_ngram")
 _SAMPLING_OPTIONS = ("temperature", "top_p", "top_k", "seed")
 
 
@@ -203,6 +203,14 @@ def add_method_args(parser: argparse.ArgumentParser, *, default: str = "lookahea
         metavar="L",
         help="lookahead: the copy doubles up to this length while accepted whole (default: 32; "
         "0 keeps it fixed)",
+    )
+    group.add_argument(
+        "--token-cost",
+        type=float_in(0.0, 1.0),
+        metavar="C",
+        help="lookahead: what one more token in a forward pass costs, as a fraction of a "
+        "one-token pass; the window runs while its n-grams pay for its tokens at that price "
+        "(default: 0.025, a 2-core CPU; 0 runs it at every step, as on a GPU)",
     )
     group.add_argument(
         "--num-draft-tokens",

@@ -11,6 +11,10 @@ top level's outputs become the new top level (one Jacobi iteration).
 Attention inside the window (``Branch.visible``): level 0 is causal along its W columns; a
 token at level ``l >= 1``, column ``j`` sees level 0 up to column ``j`` and levels ``1..l`` of
 column ``j`` -- exactly the tokens at the positions before it.
+
+The window costs W x (N - 1) tokens in every step it runs, and where more tokens in a forward
+pass are not free (a CPU) it must earn them: ``WindowGauge`` measures what the window's own
+n-grams add to each step, and the window runs only while that pays for its tokens.
 """
 
 from __future__ import annotations
@@ -39,16 +43,19 @@ class NGramPool:
     def __init__(self, n: int, capacity: int) -> None:
         self.n = n
         self.capacity = capacity
-        self._tails: dict[int, OrderedDict[tuple[int, ...], None]] = {}
+        # tail -> True while the n-gram is only the window's guess (not seen in the text)
+        self._tails: dict[int, OrderedDict[tuple[int, ...], bool]] = {}
 
-    def add(self, ngram: Sequence[int]) -> None:
-        """Insert one n-gram (or refresh it as most recent); evict the oldest beyond capacity."""
+    def add(self, ngram: Sequence[int], guessed: bool = False) -> None:
+        """Insert one n-gram (or refresh it as most recent); evict the oldest beyond capacity.
+        ``guessed``: it comes from the window, not from the text."""
         tails = self._tails.setdefault(ngram[0], OrderedDict())
         tail = tuple(ngram[1:])
         if tail in tails:
+            tails[tail] = tails[tail] and guessed
             tails.move_to_end(tail)
             return
-        tails[tail] = None
+        tails[tail] = guessed
         if len(tails) > self.capacity:
             tails.popitem(last=False)
 
@@ -58,8 +65,12 @@ class NGramPool:
             self.add(tokens[i : i + self.n])
 
     def get(self, token: int) -> list[list[int]]:
+        return [tail for tail, _ in self.entries(token)]
+
+    def entries(self, token: int) -> list[tuple[list[int], bool]]:
+        """``get(token)``'s tails, each with whether it is only the window's guess."""
         tails = self._tails.get(token)
-        return [list(t) for t in reversed(tails)] if tails else []
+        return [(list(t), guessed) for t, guessed in reversed(tails.items())] if tails else []
 
     def __len__(self) -> int:
         return sum(len(t) for t in self._tails.values())
@@ -77,6 +88,63 @@ def window_visibility(levels: int, window: int) -> torch.Tensor:
             cols = torch.arange(window) + lower * window
             vis[torch.arange(window) + level * window, cols] = True
     return vis
+
+
+class WindowGauge:
+    """Whether the window pays for its tokens, measured on one request's steps.
+
+    Each step, the window's *gain* is how many more tokens the step's candidates would accept
+    than the candidates that do not come from the window alone (the text's n-grams and the
+    copy): with greedy decoding, the longest common prefix with the committed tokens. With
+    ``g`` and ``s`` the moving averages of that gain and of the tokens committed per step,
+    ``t`` the step's other tokens and ``b`` the window's, at ``token_cost`` ``k`` per token::
+
+        (s + g) / (1 + k (t + b)) >= s / (1 + k t)   <=>   g (1 + k t) >= k b s
+
+    and the window runs when that holds -- and every ``probe``-th step regardless, so that a
+    window that has stopped paying can show it pays again. The first ``warm_up`` steps of a
+    request run it too: its levels fill and its first n-grams get tried.
+    """
+
+    def __init__(self, token_cost: float, probe: int, warm_up: int,
+                 smoothing: float = 0.1) -> None:
+        self.token_cost = token_cost
+        self.probe = probe
+        self.warm_up = warm_up
+        self.smoothing = smoothing
+        self.gain = 0.0
+        self.committed = 0.0
+        self.steps = 0  # decisions taken
+        self.recorded = 0  # steps recorded
+
+    def wants_window(self, window_tokens: int, other_tokens: int) -> bool:
+        self.steps += 1
+        if self.steps <= self.warm_up or self.steps % self.probe == 0:
+            return True
+        k = self.token_cost
+        return self.gain * (1 + k * other_tokens) >= k * window_tokens * self.committed
+
+    def record(self, candidates: list[list[int]], from_text: list[bool],
+               committed: list[int]) -> None:
+        """One step: its candidates, which of them the text gave, and what it committed."""
+        reach = [_common_prefix(c, committed) for c in candidates]
+        gain = max(reach, default=0) - max(
+            (r for r, text in zip(reach, from_text) if text), default=0
+        )
+        # A plain mean of the first 1 / smoothing steps, a moving average after them.
+        self.recorded += 1
+        weight = max(self.smoothing, 1.0 / self.recorded)
+        self.gain += weight * (gain - self.gain)
+        self.committed += weight * (len(committed) - self.committed)
+
+
+def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
 
 
 class LookaheadProposer:
@@ -97,6 +165,10 @@ class LookaheadProposer:
         self._pooled = 0  # tokens of the text whose n-grams are in the pool
         self.copy_length = CopyLength(config.lookup_tokens, config.lookup_max_tokens)
         self._copied: list[int] = []  # this step's copied continuation
+        self._candidates: list[list[int]] = []  # this step's, and whether the text gave each:
+        self._from_text: list[bool] = []
+        self._judged = False
+        self.gauge = self._new_gauge()
         self._visibility: dict[int, torch.Tensor] = {}
 
     def start(self, prompt: list[int]) -> None:
@@ -106,21 +178,36 @@ class LookaheadProposer:
             self.pool.add_all(prompt)
         self._pooled = len(prompt)
         self.copy_length.reset()
+        self.gauge = self._new_gauge()
         # The first level is seeded with prompt tokens; the rest fill in over N - 2 steps.
         self.levels = [[self._random.choice(prompt) for _ in range(cfg.window)]]
 
+    def _new_gauge(self) -> WindowGauge:
+        # The levels fill in N - 2 steps; then N steps try the window's first n-grams.
+        cfg = self.config
+        return WindowGauge(cfg.token_cost, cfg.window_probe, warm_up=2 * cfg.levels)
+
     def propose(self, context: list[int], max_tokens: int) -> Proposal:
-        self._copied = []  # so that a step without a copy leaves its length alone
+        self._copied, self._candidates, self._from_text = [], [], []
+        self._judged = max_tokens > 0  # a step of x0 alone tells nothing of the window
         if max_tokens <= 0:
             # The step feeds x0 alone (a busy server's share of one token) or is the text's
             # last: the window is of no use either. Proposing nothing, at no cost, lets a
             # request of ours decode as cheaply as a plain one when the server is busy.
             return Proposal()
-        candidates = [c[:max_tokens] for c in self.pool.get(context[-1])]
+        entries = self.pool.entries(context[-1])
+        candidates = [tail[:max_tokens] for tail, _ in entries]
+        from_text = [not guessed for _, guessed in entries]
         self._copied = self._copy(context, min(self.copy_length.value, max_tokens))
         if self._copied:
             candidates.insert(0, self._copied)
-        return Proposal(candidates, branch=self._branch())
+            from_text.insert(0, True)
+        self._candidates, self._from_text = candidates, from_text
+        branch = None
+        if self.gauge.wants_window(self.config.window * len(self.levels),
+                                   1 + sum(map(len, candidates))):
+            branch = self._branch()
+        return Proposal(candidates, branch=branch)
 
     def _copy(self, context: list[int], length: int) -> list[int]:
         """Up to ``length`` tokens that followed the text's last n-gram earlier, else in
@@ -139,12 +226,14 @@ class LookaheadProposer:
             self.pool.add_all(context, start=self._pooled - self.config.ngram + 1)
         self._pooled = len(context)
         self.copy_length.judge(self._copied, outcome.committed)
+        if self._judged:
+            self.gauge.record(self._candidates, self._from_text, outcome.committed)
 
     def _slide(self, guesses: list[int]) -> None:
         """Harvest the window's n-grams and make ``guesses`` (top level's outputs) its new top."""
         if len(self.levels) == self.config.levels:
             for column, last in enumerate(guesses):
-                self.pool.add([level[column] for level in self.levels] + [last])
+                self.pool.add([level[column] for level in self.levels] + [last], guessed=True)
             self.levels = self.levels[1:]
         self.levels.append(guesses)
 

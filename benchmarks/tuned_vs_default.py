@@ -18,28 +18,22 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections import defaultdict
 
-from lookahead.bench.args import apply_threads, comma_list, positive_int, quiet_loading
-from lookahead.bench.methods import MethodOptions, measure
+from lookahead.bench.args import add_comparison_arguments, apply_threads, quiet_loading
+from lookahead.bench.methods import MethodOptions, measure_in_turn
 from lookahead.bench.tune import DEFAULT_SHAPE, load_profile, resolve_shape
 from lookahead.bench.tune import shape_label as shape_name
 from lookahead.config import LookaheadConfig
-from lookahead.datasets import encode_prompt, load_prompts
+from lookahead.datasets import load_prompts
 from lookahead.models import load_model
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", default="smollm2-135m")
-    parser.add_argument("--dtype", default="bfloat16")
-    parser.add_argument("--datasets", type=comma_list(), default=("humaneval", "mtbench", "gsm8k"))
-    parser.add_argument("--limit", type=positive_int, default=5)
+    add_comparison_arguments(parser)
     parser.add_argument("--skip", type=int, default=0,
                         help="leave out the first SKIP prompts of each set, e.g. those the "
                         "tuner sampled (0)")
-    parser.add_argument("--max-new-tokens", type=positive_int, default=256)
-    parser.add_argument("--threads", type=positive_int, help="torch threads (default: torch's)")
     parser.add_argument("--per-dataset", action="store_true",
                         help="tuned = each data set's own profile (`lookahead tune --dataset D "
                         "--workload D`), not the general one")
@@ -59,26 +53,11 @@ def main(argv: list[str] | None = None) -> int:
                   "tuned": resolve_shape(args.model, args.dtype, workload=w)}
               for d, w in workloads.items()}
     model, tokenizer = load_model(args.model, args.dtype)
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    warm = encode_prompt(tokenizer, load_prompts(args.datasets[0], 1)[0])
-    # dataset -> label -> (method, options); each distinct run warmed up once
+    prompts = {d: load_prompts(d, args.skip + args.limit)[args.skip:] for d in args.datasets}
     runs = {d: runs_of(shapes[d]) for d in args.datasets}
-    warmed = set()
-    for method, options in (run for by_label in runs.values() for run in by_label.values()):
-        if (method, options) not in warmed:
-            measure(method, model, warm, 32, options, pad_token_id=pad)
-            warmed.add((method, options))
-    # (dataset, label) -> [tokens, seconds, steps, forward tokens]
-    totals: dict = defaultdict(lambda: [0, 0.0, 0, 0.0])
-    for dataset in args.datasets:
-        for prompt in load_prompts(dataset, args.skip + args.limit)[args.skip:]:
-            ids = encode_prompt(tokenizer, prompt)
-            for label, (method, options) in runs[dataset].items():
-                m = measure(method, model, ids, args.max_new_tokens, options, pad_token_id=pad)
-                forward = m.stats["mean_forward_tokens"] * m.steps if m.stats else m.steps
-                for i, value in enumerate((m.new_tokens, m.seconds, m.steps, forward)):
-                    totals[dataset, label][i] += value
-            print(f"done {dataset} {prompt.id}", file=sys.stderr, flush=True)
+    totals = measure_in_turn(model, tokenizer, prompts, runs, args.max_new_tokens,
+                             progress=lambda d, p: print(f"done {d} {p.id}", file=sys.stderr,
+                                                         flush=True))
     print(report(args, shapes, totals))
     return 0
 

@@ -16,24 +16,18 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import sys
-from collections import defaultdict
 
-from lookahead.bench.args import apply_threads, comma_list, positive_int, quiet_loading
-from lookahead.bench.methods import MethodOptions, measure
+from lookahead.bench.args import add_comparison_arguments, apply_threads, quiet_loading
+from lookahead.bench.methods import MethodOptions, measure_in_turn
 from lookahead.bench.tune import resolve_shape
 from lookahead.config import LookaheadConfig
-from lookahead.datasets import encode_prompt, load_prompts
+from lookahead.datasets import load_prompts
 from lookahead.models import load_model
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", default="smollm2-135m")
-    parser.add_argument("--dtype", default="bfloat16")
-    parser.add_argument("--datasets", type=comma_list(), default=("humaneval", "mtbench", "gsm8k"))
-    parser.add_argument("--limit", type=positive_int, default=5)
-    parser.add_argument("--max-new-tokens", type=positive_int, default=256)
-    parser.add_argument("--threads", type=positive_int, help="torch threads (default: torch's)")
+    add_comparison_arguments(parser)
     args = parser.parse_args(argv)
     apply_threads(args.threads)
     quiet_loading(args)
@@ -45,21 +39,11 @@ def main(argv: list[str] | None = None) -> int:
         f"gauged (token_cost {gauged.token_cost})": ("lookahead", MethodOptions(lookahead=gauged)),
     }
     model, tokenizer = load_model(args.model, args.dtype)
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    warm = encode_prompt(tokenizer, load_prompts(args.datasets[0], 1)[0])
-    for method, options in runs.values():
-        measure(method, model, warm, 32, options, pad_token_id=pad)
-    # (dataset, label) -> [tokens, seconds, steps, forward tokens]
-    totals: dict = defaultdict(lambda: [0, 0.0, 0, 0.0])
-    for dataset in args.datasets:
-        for prompt in load_prompts(dataset, args.limit):
-            ids = encode_prompt(tokenizer, prompt)
-            for label, (method, options) in runs.items():
-                m = measure(method, model, ids, args.max_new_tokens, options, pad_token_id=pad)
-                forward = m.stats["mean_forward_tokens"] * m.steps if m.stats else m.steps
-                for i, value in enumerate((m.new_tokens, m.seconds, m.steps, forward)):
-                    totals[dataset, label][i] += value
-            print(f"done {dataset} {prompt.id}", file=sys.stderr, flush=True)
+    prompts = {d: load_prompts(d, args.limit) for d in args.datasets}
+    totals = measure_in_turn(model, tokenizer, prompts, dict.fromkeys(args.datasets, runs),
+                             args.max_new_tokens,
+                             progress=lambda d, p: print(f"done {d} {p.id}", file=sys.stderr,
+                                                         flush=True))
     print(report(args, gauged, list(runs), totals))
     return 0
 

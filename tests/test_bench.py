@@ -421,3 +421,31 @@ def test_bench_memory_copies_earlier_answers_but_never_the_warm_up(tiny, tmp_pat
     for method in ("lookahead", "prompt_lookup"):
         assert steps[method, "a", True] == steps[method, "a", False], method
         assert steps[method, "b", True] < steps[method, "b", False], method
+
+
+def test_measure_in_turn_sums_each_run_over_the_prompts(tiny) -> None:
+    """The prompt-major loop of the comparison scripts in benchmarks/: every (data set, run)
+    gets every prompt's tokens, and the window gauge's run feeds fewer tokens per step."""
+    from lookahead.bench.methods import MethodOptions, measure_in_turn
+    from lookahead.datasets import load_prompts
+    from lookahead.models import load_model
+
+    model, tokenizer = load_model(str(tiny["model"]), "float64")
+    prompts = {"set": load_prompts(str(tiny["prompts"]))}
+    every = LookaheadConfig(window=3, ngram=3, guess=2, token_cost=0.0)
+    dear = LookaheadConfig(window=3, ngram=3, guess=2, token_cost=1.0)
+    runs = {"hf": ("hf", MethodOptions()),
+            "every": ("lookahead", MethodOptions(lookahead=every)),
+            "dear": ("lookahead", MethodOptions(lookahead=dear))}
+    seen = []
+    totals = measure_in_turn(model, tokenizer, prompts, {"set": runs}, 24,
+                             progress=lambda d, p: seen.append((d, p.id)))
+    assert seen == [("set", "p0"), ("set", "p1"), ("set", "p2")]
+    assert set(totals) == {("set", label) for label in runs}
+    tokens = {label: totals["set", label][0] for label in runs}
+    assert tokens["every"] == tokens["dear"] == tokens["hf"]  # float64: the same text
+    for label in runs:
+        new, seconds, steps, forward = totals["set", label]
+        assert seconds > 0 and 0 < steps <= new and forward >= steps
+    per_step = {label: totals["set", label][3] / totals["set", label][2] for label in runs}
+    assert per_step["dear"] < per_step["every"]

@@ -26,6 +26,7 @@ from transformers.generation.streamers import BaseStreamer
 import lookahead
 from lookahead.api import METHOD_OPTIONS
 from lookahead.config import DraftConfig, LookaheadConfig, PromptLookupConfig
+from lookahead.datasets import encode_prompt
 from lookahead.memory import TextMemory
 
 HF_METHODS = ("hf", "hf_prompt_lookup", "hf_assisted")
@@ -193,8 +194,6 @@ def measure_in_turn(model, tokenizer, prompts: dict, runs: dict, max_new_tokens:
     (method, ``MethodOptions``); each distinct run is warmed up once, on the first prompt.
     ``progress(dataset, prompt)`` is called after each prompt.
     """
-    from lookahead.datasets import encode_prompt
-
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     warm = encode_prompt(tokenizer, next(iter(prompts.values()))[0])
     warmed = set()

@@ -45,6 +45,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from types import MappingProxyType
 
+import numpy as np
 import torch
 import transformers
 
@@ -217,11 +218,7 @@ def token_cost_of(curve: Mapping, up_to: int = 32) -> float:
     points = [(k, s) for k, s in zip(curve["tokens"], curve["seconds"]) if k <= up_to]
     if len(points) < 2:
         return LookaheadConfig().token_cost
-    n = len(points)
-    mean_k = sum(k for k, _ in points) / n
-    mean_s = sum(s for _, s in points) / n
-    spread = sum((k - mean_k) ** 2 for k, _ in points)
-    slope = sum((k - mean_k) * (s - mean_s) for k, s in points) / spread
+    slope = float(np.polyfit(*zip(*points), deg=1)[0])
     return min(max(slope / cost_at(curve, 1), 0.0), 1.0)
 
 

@@ -158,6 +158,7 @@ def test_generate_sampling_with_a_seed_repeats(tiny_folder, capsys) -> None:
         (["--sample", "--top-p", "1.5"], "--top-p"),
         (["--sample", "--top-k", "-1"], "--top-k"),
         (["--max-new-tokens", "100000"], "--max-new-tokens"),  # beyond the model's context
+        (["--packed-weights"], "--packed-weights"),  # float64 weights cannot be packed
     ],
 )
 def test_bad_options_are_argparse_errors_naming_the_option(
@@ -169,6 +170,17 @@ def test_bad_options_are_argparse_errors_naming_the_option(
     err = capsys.readouterr().err
     assert "usage: lookahead generate" in err
     assert f"argument {option}" in err
+
+
+@pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="packing needs oneDNN")
+def test_generate_on_packed_weights_prints_what_plain_weights_print(tiny_folder, capsys) -> None:
+    argv = ["generate", "--model", str(tiny_folder), "--dtype", "bfloat16", "--max-new-tokens",
+            "24", PROMPT]
+    code, plain, _ = run_cli([*argv, "--no-packed-weights"], capsys)
+    code_packed, packed, _ = run_cli([*argv, "--packed-weights"], capsys)
+    code_default, default, _ = run_cli(argv, capsys)
+    assert code == code_packed == code_default == 0
+    assert plain.strip() and packed == plain == default
 
 
 def test_copy_length_flags_reach_the_method_options() -> None:

@@ -17,6 +17,7 @@ from lookahead.config import (
 )
 from lookahead.grouped_attention import use_grouped_attention
 from lookahead.memory import TextMemory
+from lookahead.packing import pack_weights, packing_problem
 from lookahead.stats import GenerationStats
 
 try:
@@ -45,6 +46,8 @@ __all__ = [
     "__version__",
     "generate",
     "load_model",
+    "pack_weights",
+    "packing_problem",
     "stream",
     "use_grouped_attention",
 ]

@@ -113,6 +113,7 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
         options=options,
         warmup=not args.no_warmup,
         cache_dir=args.cache_dir,
+        packed_weights=args.packed_weights,
     )
 
 
@@ -136,7 +137,7 @@ def run_with_progress(config: BenchConfig) -> dict:
     """``run_benchmark`` with a rich progress bar on stderr."""
     shape = config.options.lookahead
     console = Console(stderr=True)
-    header = f"[bold]{config.model}[/] {config.dtype}: {', '.join(config.run_methods)}"
+    header = f"[bold]{config.model}[/] {config.setting}: {', '.join(config.run_methods)}"
     if "lookahead" in config.run_methods:  # the shape is news only when lookahead runs
         header += f"; lookahead {shape_label(asdict(shape))}"
     console.print(header + (", with memory of earlier answers" if config.options.memory else ""))

@@ -13,6 +13,11 @@ from matplotlib.figure import Figure
 from lookahead.bench.methods import BASELINE
 
 
+def main_setting(config: dict) -> str:
+    """The weights the methods ran on ("bfloat16", "bfloat16+packed"; older results: dtype)."""
+    return config.get("setting", config["dtype"])
+
+
 def _label(row: dict, dtype: str) -> str:
     return row["method"] if row["dtype"] == dtype else f"{row['method']} ({row['dtype']})"
 
@@ -22,7 +27,7 @@ def plot_speedups(results: dict, path: str | Path) -> Path:
 
     A dashed line marks the fastest plain HF setting when it is another dtype.
     """
-    dtype = results["config"]["dtype"]
+    dtype = main_setting(results["config"])
     summary = results["summary"]
     labels = list(
         dict.fromkeys(
@@ -70,7 +75,7 @@ def _baseline_speed(rows: list[dict], dtype: str) -> float:
 def plot_tokens_per_step(results: dict, path: str | Path) -> Path:
     """Tokens per step against mean tokens per forward pass: small dots per prompt, a large
     marker per method (and data set, labelled when there are several)."""
-    dtype = results["config"]["dtype"]
+    dtype = main_setting(results["config"])
     summary = results["summary"]
     figure = Figure(figsize=(7.0, 5.0), dpi=120)
     axes = figure.add_subplot()

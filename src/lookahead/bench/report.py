@@ -8,17 +8,19 @@ The results dict (also written as ``results.json``)::
       "runs":    [one record per (data set, prompt, method, dtype): tokens, seconds, stats...],
     }
 
-A summary row describes one (method, dtype) on one data set:
+A summary row describes one (method, dtype) on one data set. Its "dtype" names the weights
+a method ran on: a dtype, with "+packed" for weights packed for oneDNN (``lookahead.packing``).
 
 * ``tokens_per_second``: all new tokens / all seconds (prefill included, as a user waits it);
-* ``speedup``: over HF ``generate`` greedy in the same dtype (the baseline);
-* ``speedup_vs_best_baseline``: over the fastest HF greedy among the baseline dtypes;
+* ``speedup``: over HF ``generate`` greedy on the same weights (the baseline);
+* ``speedup_vs_best_baseline``: over the fastest HF greedy on plain weights in a dtype;
 * ``tokens_per_step``: new tokens per target forward pass (the prefill counts as one);
 * ``mean_accepted``: proposed tokens accepted per step that proposed any (our proposers);
 * ``acceptance_per_position[k]``: the share of those steps that accepted more than k tokens;
 * ``mean_forward_tokens``: tokens fed per decoding forward pass (1.0 for plain decoding);
 * ``time_to_first_token``: mean seconds until the first new token;
-* ``identical``: prompts whose output equals the baseline's (same dtype), of ``prompts``.
+* ``identical``: prompts whose output equals the baseline's (same weights), of ``prompts``;
+  for the baseline on packed weights, the baseline's on the same dtype's plain weights.
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ from pathlib import Path
 from lookahead.bench.methods import BASELINE
 
 ALL = "all"
+# Appended to a dtype to label packed weights, e.g. "bfloat16+packed".
+PACKED = "+packed"
 
 
 def summarise(config: dict, records: list[dict]) -> dict:
@@ -59,8 +63,9 @@ def _summarise_group(records: list[dict]) -> list[dict]:
     reference = {
         row["dtype"]: row["tokens_per_second"] for row in rows if row["method"] == BASELINE
     }
-    best = max(reference.values(), default=0.0)
-    best_dtype = max(reference, key=reference.get) if reference else None
+    plain = {dtype: tps for dtype, tps in reference.items() if not dtype.endswith(PACKED)}
+    best = max(plain.values(), default=0.0)
+    best_dtype = max(plain, key=plain.get) if plain else None
     for row in rows:
         tps = row["tokens_per_second"]
         base = reference.get(row["dtype"], 0.0)
@@ -89,9 +94,11 @@ def _row(method: str, dtype: str, runs: list[dict], baseline: dict) -> dict:
         acceptance_per_position=None,
         mean_forward_tokens=1.0 if method == BASELINE else None,
     )
-    if method != BASELINE:
+    # The baseline on packed weights is checked against the baseline on plain ones.
+    against = dtype.removesuffix(PACKED) if method == BASELINE else dtype
+    if against != dtype or method != BASELINE:
         row["identical"] = sum(
-            r["tokens"] == baseline.get((r["dataset"], r["prompt"], r["dtype"])) for r in runs
+            r["tokens"] == baseline.get((r["dataset"], r["prompt"], against)) for r in runs
         )
     stats = [r["stats"] for r in runs if r.get("stats")]
     if stats:

@@ -35,7 +35,7 @@ from lookahead.bench.methods import (
     MethodOptions,
     measure,
 )
-from lookahead.bench.report import summarise
+from lookahead.bench.report import PACKED, summarise
 from lookahead.config import check_int
 from lookahead.datasets import BUNDLED_DATASETS, encode_prompt, load_prompts
 from lookahead.memory import MEMORY_METHODS, TextMemory
@@ -56,8 +56,11 @@ class BenchConfig:
 
     methods: None runs every method that applies (the draft methods only with a draft model).
         The baseline ``hf`` always runs in ``dtype``; it also runs in each ``baseline_dtypes``
-        so that speed-ups can be given against the fastest plain setting.
+        (with plain weights) so that speed-ups can be given against the fastest plain setting.
     datasets: bundled names ("humaneval", "mtbench", "gsm8k") or JSONL paths.
+    packed_weights: run the methods on a model with packed weights (``lookahead.packing``);
+        None packs in bfloat16 when this PyTorch has oneDNN. The setting is then labelled
+        e.g. "bfloat16+packed", and ``hf`` runs there too.
     """
 
     model: str = DEFAULT_MODEL
@@ -71,6 +74,7 @@ class BenchConfig:
     options: MethodOptions = field(default_factory=MethodOptions)
     warmup: bool = True
     cache_dir: str | None = None
+    packed_weights: bool | None = None
 
     def __post_init__(self) -> None:
         check_int("max_new_tokens", self.max_new_tokens, 1, 1 << 20)
@@ -91,6 +95,20 @@ class BenchConfig:
         needing = [m for m in self.methods or () if m in NEEDS_DRAFT]
         if needing and self.draft_model is None:
             raise ValueError(f"method(s) {needing} need a draft model: pass --draft-model NAME")
+        if self.packed_weights and self.dtype != "bfloat16":
+            raise ValueError(f"packed_weights applies to dtype bfloat16 only, got {self.dtype}")
+
+    @property
+    def packs(self) -> bool:
+        """Whether the methods run on packed weights."""
+        if self.packed_weights is not None:
+            return self.packed_weights
+        return self.dtype == "bfloat16" and torch.backends.mkldnn.is_available()
+
+    @property
+    def setting(self) -> str:
+        """The label of the weights the methods run on: ``dtype``, plus "+packed"."""
+        return self.dtype + PACKED if self.packs else self.dtype
 
     @property
     def run_methods(self) -> tuple[str, ...]:
@@ -102,12 +120,12 @@ class BenchConfig:
 
     @property
     def extra_baseline_dtypes(self) -> tuple[str, ...]:
-        """Baseline dtypes other than ``dtype`` (the baseline runs there as well)."""
-        return tuple(d for d in self.baseline_dtypes if d != self.dtype)
+        """Baseline dtypes other than ``setting`` (the baseline runs there as well)."""
+        return tuple(d for d in self.baseline_dtypes if d != self.setting)
 
     def plan(self) -> list[tuple[str, str]]:
-        """(method, dtype) pairs in the order they run on each prompt."""
-        runs = [(m, self.dtype) for m in self.run_methods]
+        """(method, setting) pairs in the order they run on each prompt."""
+        runs = [(m, self.setting) for m in self.run_methods]
         return runs[:1] + [(BASELINE, d) for d in self.extra_baseline_dtypes] + runs[1:]
 
 
@@ -187,16 +205,21 @@ def _record(dataset, prompt_id, method, dtype, input_ids, result) -> dict:
 
 
 def _load(config: BenchConfig) -> _Loaded:
-    """Load the target in ``dtype`` and each baseline dtype, and the draft in ``dtype``."""
+    """Load the target in ``setting`` and each baseline dtype, and the draft in ``setting``."""
     models, tokenizer = {}, None
-    for dtype in (config.dtype, *config.extra_baseline_dtypes):
+    for setting in (config.setting, *config.extra_baseline_dtypes):
         started = time.perf_counter()
-        models[dtype], tokenizer = load_model(config.model, dtype, cache_dir=config.cache_dir)
-        logger.info("loaded %s (%s) in %.1f s", config.model, dtype, time.perf_counter() - started)
+        models[setting], tokenizer = load_model(
+            config.model, setting.removesuffix(PACKED), cache_dir=config.cache_dir,
+            packed_weights=setting.endswith(PACKED),
+        )
+        logger.info("loaded %s (%s) in %.1f s", config.model, setting,
+                    time.perf_counter() - started)
     draft = None
     if config.draft_model is not None and set(config.run_methods) & set(NEEDS_DRAFT):
-        draft, _ = load_model(config.draft_model, config.dtype, cache_dir=config.cache_dir)
-        check_draft_model(models[config.dtype], draft)  # same vocabulary, before any timing
+        draft, _ = load_model(config.draft_model, config.dtype, cache_dir=config.cache_dir,
+                              packed_weights=config.packs)
+        check_draft_model(models[config.setting], draft)  # same vocabulary, before any timing
     pad = getattr(tokenizer, "pad_token_id", None)
     if pad is None:
         pad = getattr(tokenizer, "eos_token_id", None)
@@ -207,6 +230,7 @@ def _describe(config: BenchConfig) -> dict:
     """The settings and the machine, for ``results.json``."""
     described = asdict(config)
     described["methods"] = list(config.run_methods)
+    described["setting"] = config.setting
     described["hf_methods"] = [m for m in config.run_methods if m in HF_METHODS]
     described["environment"] = dict(
         python=platform.python_version(),

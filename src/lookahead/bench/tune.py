@@ -55,6 +55,7 @@ from lookahead.cache import cache_keyword, new_cache
 from lookahead.config import LookaheadConfig, check_int, check_workload
 from lookahead.datasets import encode_prompt, load_prompts
 from lookahead.models import DEFAULT_MODEL, default_cache_dir, load_model, resolve_dtype
+from lookahead.packing import apply_packing
 
 logger = logging.getLogger(__name__)
 
@@ -92,7 +93,9 @@ class TuneConfig:
     ``dataset`` is one data set or several, comma-separated: the first ``limit`` prompts of
     each are sampled. ``margin``: another shape replaces the default only if it is predicted
     faster by more than this fraction (and no slower on any data set). ``workload``: save the
-    profile under this name (one kind of text, e.g. "code"), not as the model's general one."""
+    profile under this name (one kind of text, e.g. "code"), not as the model's general one.
+    ``packed_weights``: tune on packed weights (``lookahead.packing``) as the commands run
+    them: True, False, or None where the model allows it."""
 
     model: str = DEFAULT_MODEL
     dtype: str = "bfloat16"
@@ -106,11 +109,14 @@ class TuneConfig:
     margin: float = 0.03
     cache_dir: str | None = None
     workload: str | None = None
+    packed_weights: bool | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "dtype", str(resolve_dtype(self.dtype)).removeprefix("torch."))
         if self.workload is not None:
             check_workload(self.workload)
+        if self.packed_weights and self.dtype != "bfloat16":
+            raise ValueError(f"packed_weights applies to dtype bfloat16 only, got {self.dtype}")
         if not self.tokens:
             raise ValueError("tokens must list at least one forward size")
         for k in self.tokens:
@@ -273,6 +279,7 @@ def measure_shape(model, prompts: Mapping[str, list[torch.Tensor]], shape, max_n
 def tune(config: TuneConfig, progress: Progress | None = None, save: bool = True) -> dict:
     """Measure the curve and the shapes, choose the best, save the profile; return it."""
     model, tokenizer = load_model(config.model, config.dtype, cache_dir=config.cache_dir)
+    packed = apply_packing(model, config.packed_weights)  # tune what the commands will run
     prompts = {name: [encode_prompt(tokenizer, p) for p in load_prompts(name, config.limit)]
                for name in config.datasets}
     first = next(iter(prompts.values()))[0]
@@ -295,6 +302,7 @@ def tune(config: TuneConfig, progress: Progress | None = None, save: bool = True
         model=config.model,
         dtype=config.dtype,
         device=model.device.type,
+        packed_weights=packed,
         threads=torch.get_num_threads(),
         created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
         torch=torch.__version__,

@@ -133,6 +133,7 @@ def run(args: argparse.Namespace) -> int:
             limit=args.limit,
             max_new_tokens=args.max_new_tokens,
             select=args.select,
+            packed_weights=args.packed_weights,
             margin=args.margin,
             cache_dir=args.cache_dir,
             workload=args.workload,

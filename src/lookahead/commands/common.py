@@ -2,7 +2,7 @@
 
 A subcommand module adds its parser, then::
 
-    add_model_args(parser)                   # --model --dtype --threads
+    add_model_args(parser)                   # --model --dtype --threads --[no-]packed-weights
     add_method_args(parser)                  # --method, each method's shape, --sample ...
     set_handler(parser, run)                 # run(args) -> exit code
 
@@ -35,6 +35,7 @@ from lookahead.config import (
     check_workload,
 )
 from lookahead.models import DEFAULT_MODEL, ModelNotAvailableError, load_model, resolve_dtype
+from lookahead import packing
 from lookahead.stats import GenerationStats
 
 logger = logging.getLogger(__name__)
@@ -155,6 +156,13 @@ def add_model_args(parser: argparse.ArgumentParser, *, default: str | None = DEF
         default=None,
         metavar="N",
         help="CPU threads for PyTorch (default: PyTorch's choice)",
+    )
+    group.add_argument(
+        "--packed-weights",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="lay the linear weights out once for oneDNN: the same output, faster forward "
+        "passes on a CPU (default: on where the model allows it, bfloat16 on a CPU)",
     )
 
 
@@ -351,10 +359,11 @@ def load(args: argparse.Namespace) -> Loaded:
         from transformers.utils import logging as transformers_logging
 
         transformers_logging.disable_progress_bar()
-    model, tokenizer = load_named("--model", args.model, args.dtype)
+    packed = getattr(args, "packed_weights", False)
+    model, tokenizer = load_named("--model", args.model, args.dtype, packed)
     draft = None
     if has_method and args.method == "draft":
-        draft, _ = load_named("--draft-model", args.draft_model, args.dtype)
+        draft, _ = load_named("--draft-model", args.draft_model, args.dtype, packed)
         try:
             check_draft_model(model, draft)
         except ValueError as error:
@@ -363,14 +372,30 @@ def load(args: argparse.Namespace) -> Loaded:
     return Loaded(model, tokenizer, options)
 
 
-def load_named(option: str, name: str, dtype: str) -> tuple[Any, Any]:
-    """``lookahead.load_model(name, dtype)``; an unknown name or path is a ``UsageError``."""
+def load_named(option: str, name: str, dtype: str, packed: bool | None = False
+               ) -> tuple[Any, Any]:
+    """``lookahead.load_model(name, dtype)``; an unknown name or path is a ``UsageError``.
+
+    ``packed``: pack the weights (``--packed-weights``), not (False), or where the model
+    allows it (None, the CLI's default).
+    """
     try:
-        return load_model(name, dtype=dtype)
+        model, tokenizer = load_model(name, dtype=dtype)
     except ModelNotAvailableError:
         raise
     except (ValueError, FileNotFoundError) as error:
         raise UsageError(option, str(error)) from None
+    apply_packing(model, packed)
+    return model, tokenizer
+
+
+def apply_packing(model: Any, packed: bool | None) -> bool:
+    """``lookahead.packing.apply_packing``; a model that cannot be packed when
+    ``--packed-weights`` asks for it is a ``UsageError`` naming that flag."""
+    problem = packing.packing_problem(model) if packed else None
+    if problem is not None:
+        raise UsageError("--packed-weights", problem)
+    return packing.apply_packing(model, packed)
 
 
 def encode_text(tokenizer: Any, text: str) -> torch.Tensor:

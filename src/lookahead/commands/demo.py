@@ -27,6 +27,7 @@ from lookahead.commands.common import (
 )
 from lookahead.config import MAX_GUESS, MAX_NGRAM
 from lookahead.models import resolve_dtype
+from lookahead.packing import is_packed
 
 # The start of a small Python class, to be continued: code repeats names and whole phrases
 # ("self.x", "other.x", a sibling class), which is where the n-gram pool of lookahead decoding
@@ -106,23 +107,29 @@ def run(args: argparse.Namespace) -> int:
         seconds = time.perf_counter() - started  # timed as model.generate is: the whole call
     ours = result.new_tokens[0].tolist()
 
-    report(console, args, (reference, hf_seconds), (result, seconds))
+    setting = (args.model, args.dtype, is_packed(model))
+    report(console, setting, (reference, hf_seconds), (result, seconds))
     console.print(
         Panel(tokenizer.decode(ours, skip_special_tokens=True), title="generated"), markup=False
     )
     return 0
 
 
-def report(console: Console, args, hf: tuple[list[int], float], ours: tuple) -> None:
+def report(console: Console, setting: tuple[str, str, bool], hf: tuple[list[int], float],
+           ours: tuple) -> None:
     """The speed table, the speed-up and the exactness check.
 
-    ``hf``: model.generate's new tokens and seconds; ``ours``: lookahead's result and seconds.
+    ``setting``: the model's name, dtype and whether its weights are packed (both decoders
+    run on the same model); ``hf``: model.generate's new tokens and seconds; ``ours``:
+    lookahead's result and seconds.
     """
     reference, hf_seconds = hf
     result, seconds = ours
     stats, tokens = result.stats, result.new_tokens[0].tolist()
     hf_speed, speed = len(reference) / hf_seconds, len(tokens) / seconds
-    table = Table(title=f"{args.model} ({args.dtype}), {stats.prompt_tokens}-token prompt")
+    name, dtype, packed = setting
+    weights = f"{dtype}, packed weights" if packed else dtype
+    table = Table(title=f"{name} ({weights}), {stats.prompt_tokens}-token prompt")
     for column in ("decoding", "tokens", "seconds", "tokens/s", "tokens/step"):
         table.add_column(column, justify="left" if column == "decoding" else "right")
     table.add_row(
@@ -152,9 +159,9 @@ def report(console: Console, args, hf: tuple[list[int], float], ours: tuple) -> 
         f"outputs: [bold red]DIFFERENT[/] from token {first} "
         f"(lookahead {len(tokens)} tokens, model.generate {len(reference)})"
     )
-    if resolve_dtype(args.dtype) in (torch.bfloat16, torch.float16):
+    if resolve_dtype(dtype) in (torch.bfloat16, torch.float16):
         console.print(
-            f"[dim]In {args.dtype}, a forward pass over several tokens rounds differently from "
+            f"[dim]In {dtype}, a forward pass over several tokens rounds differently from "
             "model.generate's one-token passes, so a near-tie between two tokens can go the "
             "other way; with --dtype float32 this is far rarer.[/]"
         )

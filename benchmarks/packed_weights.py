@@ -1,0 +1,104 @@
+"""Packed weights against plain ones: the forward-cost curve, and the same logits bit for bit.
+
+Loads the model twice in bfloat16, once with its linear weights packed for oneDNN
+(``lookahead.packing``), and measures, in alternating rounds so that a slow spell of a shared
+machine hits both alike, the median cost of a forward pass of k new tokens after a prompt
+(``lookahead.bench.tune.forward_cost_curve``). Then it checks that both give the same logits
+for each k and that HF ``generate`` writes the same tokens on both, and times it.
+
+    python benchmarks/packed_weights.py --model qwen2.5-coder-1.5b --threads 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+
+import torch
+
+import lookahead
+from lookahead.bench.args import apply_threads, positive_int, quiet_loading
+from lookahead.bench.tune import forward_cost_curve
+from lookahead.cache import cache_keyword, new_cache
+from lookahead.datasets import encode_prompt, load_prompts
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default="smollm2-135m")
+    parser.add_argument("--threads", type=positive_int, help="torch threads (default: torch's)")
+    parser.add_argument("--tokens", default="1,2,4,8,16,32", help="forward sizes k")
+    parser.add_argument("--repeats", type=positive_int, default=3, help="passes per round")
+    parser.add_argument("--rounds", type=positive_int, default=3, help="alternating rounds")
+    parser.add_argument("--max-new-tokens", type=positive_int, default=64,
+                        help="tokens HF generate writes on each (default: 64)")
+    return parser.parse_args(argv)
+
+
+def curves(models: dict, prompt: torch.Tensor, tokens: list[int], args) -> dict[str, list]:
+    """Median seconds per k for each model, over ``args.rounds`` alternating rounds."""
+    seconds: dict[str, list[list[float]]] = {name: [] for name in models}
+    with torch.inference_mode():
+        for _ in range(args.rounds):
+            for name, model in models.items():
+                seconds[name].append(
+                    forward_cost_curve(model, prompt, tokens, args.repeats)["seconds"])
+    return {name: [statistics.median(r[i] for r in rounds) for i in range(len(tokens))]
+            for name, rounds in seconds.items()}
+
+
+def same_logits(models: dict, prompt: torch.Tensor, tokens: list[int]) -> bool:
+    """Whether a prefill and then a pass of each k give both models the same logits."""
+    outputs = []
+    with torch.inference_mode():
+        for model in models.values():
+            cache, logits = {cache_keyword(model): new_cache()}, []
+            logits.append(model(input_ids=prompt, **cache).logits)
+            for k in tokens:
+                logits.append(model(input_ids=prompt[:, :k], **cache).logits)
+            outputs.append(logits)
+    return all(torch.equal(a, b) for a, b in zip(*outputs, strict=True))
+
+
+def timed_generate(model, prompt: torch.Tensor, max_new_tokens: int) -> tuple[list[int], float]:
+    """HF ``generate``'s greedy new tokens and their tokens/s (after an 8-token warm-up)."""
+    model.generate(prompt, max_new_tokens=8, do_sample=False)
+    started = time.perf_counter()
+    out = model.generate(prompt, max_new_tokens=max_new_tokens, do_sample=False)
+    new = out[0, prompt.shape[1]:].tolist()
+    return new, len(new) / (time.perf_counter() - started)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    apply_threads(args.threads)
+    quiet_loading(args)
+    tokens = [int(k) for k in args.tokens.split(",")]
+    models = {}
+    for name, packed in (("plain", False), ("packed", True)):
+        models[name], tokenizer = lookahead.load_model(args.model, "bfloat16",
+                                                       packed_weights=packed)
+    prompt = encode_prompt(tokenizer, load_prompts("humaneval", 1)[0])
+    for model in models.values():
+        model.generation_config.pad_token_id = tokenizer.eos_token_id
+    costs = curves(models, prompt, tokens, args)
+    print(f"{args.model} bf16, {torch.get_num_threads()} threads, {prompt.shape[1]}-token "
+          f"prompt; median ms of a forward pass of k new tokens ({args.rounds} rounds of "
+          f"{args.repeats})\n")
+    print("| k | plain ms | packed ms | plain / packed |\n|--:|--:|--:|--:|")
+    for i, k in enumerate(tokens):
+        plain, packed = costs["plain"][i], costs["packed"][i]
+        print(f"| {k} | {1000 * plain:.1f} | {1000 * packed:.1f} | {plain / packed:.2f}x |")
+    print(f"\nsame logits for every k: {same_logits(models, prompt, tokens)}")
+    (plain_tokens, plain_speed), (packed_tokens, packed_speed) = (
+        timed_generate(model, prompt, args.max_new_tokens) for model in models.values())
+    print(f"HF generate, {args.max_new_tokens} tokens: plain {plain_speed:.1f} tok/s, packed "
+          f"{packed_speed:.1f} tok/s ({packed_speed / plain_speed:.2f}x); same tokens: "
+          f"{plain_tokens == packed_tokens}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

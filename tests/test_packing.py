@@ -1,0 +1,153 @@
+"""Packed weights (``lookahead.packing``): the same logits and outputs, bit for bit, in bfloat16.
+
+The models are tiny random-weight ones, a little wider than conftest's (oneDNN blocks its
+products; 32 wide would fit in one block), converted to bfloat16: a packed copy must give
+exactly the plain copy's logits, whatever the number of tokens in the pass, and so decode the
+same text with every method.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import lookahead
+from lookahead.bench.report import summarise
+from lookahead.bench.runner import BenchConfig
+from lookahead.cache import cache_keyword, new_cache
+from lookahead.packing import PackedLinear, apply_packing, is_packed, pack_weights, packing_problem
+
+pytestmark = pytest.mark.skipif(
+    not torch.backends.mkldnn.is_available(), reason="packing needs PyTorch's oneDNN"
+)
+
+WIDE = dict(vocab_size=256, hidden_size=128, intermediate_size=384, num_attention_heads=4,
+            num_key_value_heads=2)
+
+
+def bf16_pair(build, family: str, **overrides):
+    """(plain, packed): two bfloat16 copies of one tiny model of ``family`` (``build``: the
+    ``fresh_lm`` fixture); Gemma 2 on eager attention, which is all it has."""
+    attn = "eager" if family == "gemma2" else "sdpa"
+    plain = build(family, 3, attn, **WIDE, **overrides).to(torch.bfloat16)
+    packed = build(family, 3, attn, **WIDE, **overrides).to(torch.bfloat16)
+    pack_weights(packed)
+    return plain, packed
+
+
+def logits_in_steps(model, ids: torch.Tensor, steps: list[int]) -> list[torch.Tensor]:
+    """Logits [B, T, V] of a prefill of ``ids[:, :16]`` and then of passes of ``steps`` tokens
+    over the growing cache."""
+    cache, start, out = {cache_keyword(model): new_cache()}, 16, []
+    with torch.inference_mode():
+        out.append(model(input_ids=ids[:, :start], **cache, use_cache=True).logits)
+        for size in steps:
+            out.append(model(input_ids=ids[:, start : start + size], **cache, use_cache=True).logits)
+            start += size
+    return out
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2", "mistral", "phi3", "gemma2"])
+@pytest.mark.parametrize("batch", [1, 2])
+def test_packed_logits_are_the_plain_logits_bit_for_bit(fresh_lm, family, batch) -> None:
+    plain, packed = bf16_pair(fresh_lm, family)
+    ids = torch.randint(0, 256, (batch, 16 + 1 + 5 + 16),
+                        generator=torch.Generator().manual_seed(1))
+    for ours, theirs in zip(logits_in_steps(packed, ids, [1, 5, 16]),
+                            logits_in_steps(plain, ids, [1, 5, 16]), strict=True):
+        assert torch.equal(ours, theirs)
+
+
+@pytest.mark.parametrize("method, options", [
+    ("autoregressive", {}),
+    ("lookahead", dict(window=3, ngram=3, guess=2, token_cost=0.0)),
+    ("prompt_lookup", dict(num_draft_tokens=4)),
+])
+def test_decoding_on_packed_weights_writes_what_plain_weights_write(fresh_lm, method, options
+                                                                   ) -> None:
+    plain, packed = bf16_pair(fresh_lm, "llama", tie_word_embeddings=True)
+    prompt = torch.randint(0, 256, (1, 12), generator=torch.Generator().manual_seed(2))
+    prompt = torch.cat([prompt, prompt], dim=1)  # something for the copy to find
+    reference = plain.generate(prompt, max_new_tokens=40, do_sample=False)
+    assert torch.equal(packed.generate(prompt, max_new_tokens=40, do_sample=False), reference)
+    ours = lookahead.generate(packed, prompt, 40, method, **options).sequences
+    theirs = lookahead.generate(plain, prompt, 40, method, **options).sequences
+    assert torch.equal(ours, theirs)
+
+
+def test_hf_prompt_lookup_and_assisted_generation_run_on_packed_weights(fresh_lm) -> None:
+    plain, packed = bf16_pair(fresh_lm, "llama")
+    draft = fresh_lm("llama", seed=4, **WIDE).to(torch.bfloat16)
+    pack_weights(draft)
+    prompt = torch.randint(0, 256, (1, 10), generator=torch.Generator().manual_seed(5))
+    prompt = torch.cat([prompt, prompt], dim=1)
+    reference = plain.generate(prompt, max_new_tokens=24, do_sample=False)
+    for extra in (dict(prompt_lookup_num_tokens=4), dict(assistant_model=draft)):
+        output = packed.generate(prompt, max_new_tokens=24, do_sample=False, **extra)
+        assert output.shape == reference.shape and output[0, :20].equal(prompt[0])
+
+
+def test_pack_weights_swaps_every_linear_once_and_keeps_the_tied_embedding(fresh_lm) -> None:
+    model = fresh_lm("llama", **WIDE, tie_word_embeddings=True).to(torch.bfloat16)
+    embedding = model.get_input_embeddings().weight.clone()
+    linears = sum(type(m) is torch.nn.Linear for m in model.modules())
+    assert not is_packed(model)
+    assert pack_weights(model) == linears == 2 * 7 + 1  # q k v o gate up down per layer, head
+    assert is_packed(model)
+    assert not any(type(m) is torch.nn.Linear for m in model.modules())
+    assert isinstance(model.lm_head, PackedLinear)
+    assert torch.equal(model.get_input_embeddings().weight, embedding)
+    assert pack_weights(model) == 0  # already packed
+    assert "packed for oneDNN" in repr(model.lm_head)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_only_bfloat16_weights_are_packed(fresh_lm, dtype) -> None:
+    model = fresh_lm("llama").to(dtype)
+    problem = packing_problem(model)
+    assert problem is not None and "bfloat16" in problem
+    with pytest.raises(ValueError, match="model: .*bfloat16"):
+        pack_weights(model)
+    with pytest.raises(ValueError, match="packed_weights: .*bfloat16"):
+        apply_packing(model, True)
+    assert apply_packing(model, None) is False  # the default: where it can be done
+    assert apply_packing(model, False) is False
+    assert not is_packed(model)
+
+
+def test_apply_packing_packs_bfloat16_by_default_and_not_when_told_not_to(fresh_lm) -> None:
+    model = fresh_lm("llama").to(torch.bfloat16)
+    assert apply_packing(model, False) is False and not is_packed(model)
+    assert apply_packing(model, None) is True and is_packed(model)
+
+
+def test_bench_packs_bfloat16_and_labels_the_setting() -> None:
+    assert BenchConfig(packed_weights=True).setting == "bfloat16+packed"
+    assert BenchConfig(packed_weights=False).setting == "bfloat16"
+    assert BenchConfig().setting == "bfloat16+packed"
+    assert BenchConfig(dtype="float32").setting == "float32"
+    plan = BenchConfig(methods=("lookahead",), baseline_dtypes=("bfloat16",)).plan()
+    assert plan == [("hf", "bfloat16+packed"), ("hf", "bfloat16"),
+                    ("lookahead", "bfloat16+packed")]
+    with pytest.raises(ValueError, match="packed_weights"):
+        BenchConfig(dtype="float32", packed_weights=True)
+
+
+def test_bench_summary_takes_the_best_plain_baseline_and_checks_the_packed_one() -> None:
+    def record(method, dtype, tokens, seconds):
+        return dict(dataset="d", prompt="p", method=method, dtype=dtype, tokens=tokens,
+                    new_tokens=len(tokens), seconds=seconds, time_to_first_token=0.1, steps=4,
+                    stats=None)
+
+    rows = summarise({}, [
+        record("hf", "bfloat16+packed", [1, 2, 3, 4], 1.0),  # 4 tok/s
+        record("hf", "bfloat16", [1, 2, 3, 5], 2.0),  # 2 tok/s, another output
+        record("lookahead", "bfloat16+packed", [1, 2, 3, 4], 0.5),  # 8 tok/s
+    ])["summary"]["d"]
+    by_key = {(r["method"], r["dtype"]): r for r in rows}
+    packed_hf, ours = by_key[("hf", "bfloat16+packed")], by_key[("lookahead", "bfloat16+packed")]
+    assert ours["speedup"] == pytest.approx(2.0)  # over HF on the same packed weights
+    assert ours["speedup_vs_best_baseline"] == pytest.approx(4.0)  # over plain bf16 HF
+    assert ours["best_baseline_dtype"] == "bfloat16"
+    assert packed_hf["identical"] == 0  # checked against the plain weights' output
+    assert by_key[("hf", "bfloat16")]["identical"] is None

@@ -8,8 +8,12 @@ same text with every method.
 
 from __future__ import annotations
 
+import gc
+import os
+
 import pytest
 import torch
+import transformers
 
 import lookahead
 from lookahead.bench.report import summarise
@@ -99,6 +103,26 @@ def test_pack_weights_swaps_every_linear_once_and_keeps_the_tied_embedding(fresh
     assert torch.equal(model.get_input_embeddings().weight, embedding)
     assert pack_weights(model) == 0  # already packed
     assert "packed for oneDNN" in repr(model.lm_head)
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/maps"), reason="reads Linux's /proc")
+def test_packing_lets_go_of_the_model_files_memory_map(fresh_lm, tmp_path) -> None:
+    """Loaded from safetensors, the weights are views of the file's memory map; once packed,
+    nothing may keep the map (the whole file) resident beside the packed copy."""
+    fresh_lm("llama", **WIDE).to(torch.bfloat16).save_pretrained(tmp_path)
+    model = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.bfloat16)
+    prompt = torch.arange(3, 19)[None]
+    before = lookahead.generate(model, prompt, max_new_tokens=8).sequences
+
+    def mapped() -> bool:
+        gc.collect()
+        with open("/proc/self/maps") as maps:
+            return str(tmp_path) in maps.read()
+
+    assert mapped()  # else this test would not test anything
+    pack_weights(model)
+    assert not mapped()
+    assert torch.equal(lookahead.generate(model, prompt, max_new_tokens=8).sequences, before)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])

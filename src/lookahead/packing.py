@@ -13,6 +13,8 @@ whose sums differ from oneDNN's in the last bits, so a packed float32 model woul
 exactly what the plain one does. A packed model stays on the CPU (its packed weights are not
 parameters, ``model.to`` does not move them). A weight tied to the input embeddings (the
 output layer of many small models) gets a packed copy: Qwen2.5-Coder-1.5B needs 0.47 GB more.
+The weights left unpacked are copied off the model file's memory map, so that the map (the
+whole file) can be released: packed, Qwen2.5-Coder-1.5B's process holds 4.6 GB, not 6.7 GB.
 
 Example::
 
@@ -95,8 +97,29 @@ def pack_weights(model: torch.nn.Module) -> int:
             if type(child) is torch.nn.Linear:
                 setattr(parent, name, PackedLinear(child))
                 swapped += 1
+    if swapped:
+        _own_remaining_weights(model)
     logger.info("packed the weights of %d linear layers for oneDNN", swapped)
     return swapped
+
+
+@torch.no_grad()
+def _own_remaining_weights(model: torch.nn.Module) -> None:
+    """Copy the parameters and buffers left after packing into memory of their own.
+
+    Loaded from safetensors, every weight is a view of the model file's memory map, and the
+    map lives as long as any view does: the embeddings and norms alone would keep the whole
+    file (3.1 GB for Qwen2.5-Coder-1.5B) resident beside the packed copy. Assigning ``.data``
+    keeps each Parameter object, so weights tied to each other stay tied.
+    """
+    for parameter in model.parameters():
+        parameter.data = parameter.data.clone()
+    for module in model.modules():
+        if isinstance(module, PackedLinear):
+            continue  # its packed weight is already its own
+        for name, buffer in module._buffers.items():
+            if buffer is not None:
+                module._buffers[name] = buffer.clone()
 
 
 def apply_packing(model: torch.nn.Module, packed: bool | None) -> bool:

@@ -9,7 +9,13 @@ from __future__ import annotations
 
 import io
 import json
+import os
+import signal
+import socket
 import sys
+import threading
+import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -23,6 +29,7 @@ import lookahead
 from lookahead.cli import main
 from lookahead.commands.common import TextDelta
 from lookahead.models import chat_prompt
+from lookahead.server.detokenize import Detokenizer
 
 PROMPT = "def fast model return the same output for one token"
 
@@ -202,6 +209,47 @@ def test_serve_memory_needs_a_method_that_copies(tiny_folder, capsys) -> None:
     assert info.value.code == 2
     err = capsys.readouterr().err
     assert "argument --memory" in err and "lookahead or prompt_lookup" in err
+
+
+def test_serve_answers_then_stops_on_sigterm(tiny_folder, tiny) -> None:
+    """``lookahead serve`` end to end: the engine on this (the main) thread, HTTP on another;
+    SIGTERM ends it with status 0, as Ctrl+C does."""
+    model, tokenizer = tiny
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{probe.getsockname()[1]}"
+    ids = tokenizer("user : hello", return_tensors="pt")["input_ids"]
+    want = lookahead.generate(model, ids, 8, "autoregressive").new_tokens[0].tolist()
+    got = {}
+
+    def client() -> None:
+        try:
+            deadline = time.monotonic() + 60
+            while "health" not in got and time.monotonic() < deadline:
+                try:
+                    got["health"] = json.load(urllib.request.urlopen(url + "/health"))
+                except OSError:
+                    time.sleep(0.05)
+            body = {"model": str(tiny_folder), "prompt": ids[0].tolist(), "max_tokens": 8,
+                    "temperature": 0}
+            request = urllib.request.Request(url + "/v1/completions", json.dumps(body).encode(),
+                                             {"Content-Type": "application/json"})
+            got["answer"] = json.load(urllib.request.urlopen(request, timeout=60))
+        finally:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    handler = signal.getsignal(signal.SIGTERM)
+    thread = threading.Thread(target=client, daemon=True)
+    thread.start()
+    argv = ["serve", "--model", str(tiny_folder), "--dtype", "float64", "--no-warmup",
+            "--port", url.rsplit(":", 1)[1]]
+    assert main(argv) == 0
+    thread.join(10)
+    assert got["health"]["status"] == "ok"
+    choice = got["answer"]["choices"][0]
+    assert got["answer"]["usage"]["completion_tokens"] == 8
+    assert choice["text"] == Detokenizer(tokenizer, ids[0].tolist()).push(want, final=True)
+    assert signal.getsignal(signal.SIGTERM) is handler  # put back
 
 
 @pytest.mark.parametrize("model", ["/no/such/folder", "no-such-model"])

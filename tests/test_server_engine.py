@@ -20,6 +20,7 @@ from lookahead.server.budget import BudgetPolicy
 from lookahead.server.detokenize import Detokenizer
 from lookahead.server.engine import (
     Engine,
+    EngineClosedError,
     EngineConfig,
     ErrorEvent,
     FinishEvent,
@@ -231,6 +232,30 @@ def test_a_failing_request_does_not_stop_the_others(model, tokenizer) -> None:
         assert engine.alive
     finally:
         engine.stop()
+
+
+def test_run_serves_in_the_calling_thread_until_stopped(model, tokenizer) -> None:
+    """``lookahead serve`` runs the loop on the thread that loaded the model (Engine.run) and
+    submits from the HTTP thread."""
+    engine = Engine(model, tokenizer)
+    ids = prompt_ids(5, 10)
+    want = lookahead.generate(model, ids, 16, "lookahead").new_tokens[0].tolist()
+    got = {}
+
+    def client() -> None:
+        handle = engine.submit(make_decoder(model, ids, 16, "lookahead"))
+        got["alive"] = engine.alive
+        got["tokens"] = _collect(handle)[1].token_ids
+        engine.stop()
+
+    thread = threading.Thread(target=client)
+    thread.start()
+    engine.run()  # returns once the client has stopped it
+    thread.join(10)
+    assert got == {"alive": True, "tokens": want}
+    assert not engine.alive
+    with pytest.raises(EngineClosedError):
+        engine.submit(make_decoder(model, ids, 4, "autoregressive"))
 
 
 def test_stop_string_cuts_the_text(model, tokenizer) -> None:

@@ -7,8 +7,12 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
+import signal
+import threading
 import time
+from collections.abc import Iterator
 
 from lookahead.api import check_draft_model, resolve_auto_shape
 from lookahead.commands.common import (
@@ -114,21 +118,62 @@ def run_serve(args: argparse.Namespace) -> int:
         adaptive_budget=not args.fixed_budget,
         warm_up=not args.no_warmup,
     )
-    engine = Engine(model, tokenizer, config).start()
-    if not args.no_warmup:
-        _warm_up(engine, args.method, options)
-    if args.memory:  # after the warm-up: its text is no request's
+    engine = Engine(model, tokenizer, config)
+    warm_up_options = None if args.no_warmup else dict(options)  # no memory: not a request
+    if args.memory:
         options["memory"] = TextMemory()
     settings = ServerSettings(args.served_model_name or args.model, args.method, options, draft)
-    app = create_app(engine, settings)
+    server = uvicorn.Server(uvicorn.Config(
+        create_app(engine, settings), host=args.host, port=args.port,
+        log_level="info" if args.verbose else "warning"))
+    http = threading.Thread(target=_serve_http, name="lookahead-http", daemon=True,
+                            args=(engine, server, args.method, warm_up_options))
     logger.info("serving %s (%s) on http://%s:%d", settings.model_name, args.method, args.host,
                 args.port)
+    http.start()
+    interrupted = False
+    with _interrupt_on_sigterm():
+        try:
+            engine.run()  # on this thread, which loaded the model: see Engine.run for why
+        except KeyboardInterrupt:
+            interrupted = True
+            logger.info("interrupted: shutting down")
+        finally:
+            server.should_exit = True
+            http.join(10)
+    if not server.started and not interrupted:
+        raise UsageError("--port", f"the server could not listen on {args.host}:{args.port} "
+                         "(see the message above)")
+    return 0
+
+
+def _serve_http(engine, server, method: str, warm_up_options: dict | None) -> None:
+    """The HTTP side, on its own thread: warm up through the engine (None: not), serve until
+    uvicorn stops, then stop the engine."""
     try:
-        uvicorn.run(app, host=args.host, port=args.port,
-                    log_level="info" if args.verbose else "warning")
+        if warm_up_options is not None:
+            _warm_up(engine, method, warm_up_options)
+        server.run()
     finally:
         engine.stop()
-    return 0
+
+
+@contextlib.contextmanager
+def _interrupt_on_sigterm() -> Iterator[None]:
+    """Within the block, SIGTERM stops the server as Ctrl+C does (uvicorn, off the main
+    thread, installs no handlers of its own)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _warm_up(engine, method: str, options: dict) -> None:

@@ -6,7 +6,8 @@ machine hits both alike, the median cost of a forward pass of k new tokens after
 (``lookahead.bench.tune.forward_cost_curve``). Then it checks that both give the same logits
 for each k and that HF ``generate`` writes the same tokens on both, and times it.
 
-    python benchmarks/packed_weights.py --model qwen2.5-coder-1.5b --threads 2
+    python benchmarks/packed_weights.py --model qwen2.5-coder-1.5b --threads 2 \
+        --plot docs/results/packed-weights-qwen2.5-coder-1.5b.png
 """
 
 from __future__ import annotations
@@ -15,8 +16,10 @@ import argparse
 import statistics
 import sys
 import time
+from pathlib import Path
 
 import torch
+from matplotlib.figure import Figure
 
 import lookahead
 from lookahead.bench.args import apply_threads, positive_int, quiet_loading
@@ -34,6 +37,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--rounds", type=positive_int, default=3, help="alternating rounds")
     parser.add_argument("--max-new-tokens", type=positive_int, default=64,
                         help="tokens HF generate writes on each (default: 64)")
+    parser.add_argument("--plot", type=Path, help="save both curves as this PNG")
     return parser.parse_args(argv)
 
 
@@ -62,6 +66,21 @@ def same_logits(models: dict, prompt: torch.Tensor, tokens: list[int]) -> bool:
     return all(torch.equal(a, b) for a, b in zip(*outputs, strict=True))
 
 
+def plot(costs: dict[str, list], tokens: list[int], title: str, path: Path) -> None:
+    """Both curves, ms against k, as a PNG at ``path``."""
+    figure = Figure(figsize=(6.0, 4.0), dpi=120)
+    axes = figure.add_subplot()
+    for name, seconds in costs.items():
+        axes.plot(tokens, [1000 * s for s in seconds], "o-", label=f"{name} weights")
+    axes.set_xlabel("new tokens k in one forward pass")
+    axes.set_ylabel("median latency (ms)")
+    axes.set_ylim(bottom=0)
+    axes.set_title(title, fontsize=9)
+    axes.legend()
+    figure.tight_layout()
+    figure.savefig(path)
+
+
 def timed_generate(model, prompt: torch.Tensor, max_new_tokens: int) -> tuple[list[int], float]:
     """HF ``generate``'s greedy new tokens and their tokens/s (after an 8-token warm-up)."""
     model.generate(prompt, max_new_tokens=8, do_sample=False)
@@ -84,9 +103,12 @@ def main(argv: list[str] | None = None) -> int:
     for model in models.values():
         model.generation_config.pad_token_id = tokenizer.eos_token_id
     costs = curves(models, prompt, tokens, args)
-    print(f"{args.model} bf16, {torch.get_num_threads()} threads, {prompt.shape[1]}-token "
-          f"prompt; median ms of a forward pass of k new tokens ({args.rounds} rounds of "
+    setting = (f"{args.model} bf16, {torch.get_num_threads()} threads, "
+               f"{prompt.shape[1]}-token prompt")
+    print(f"{setting}; median ms of a forward pass of k new tokens ({args.rounds} rounds of "
           f"{args.repeats})\n")
+    if args.plot:
+        plot(costs, tokens, setting, args.plot)
     print("| k | plain ms | packed ms | plain / packed |\n|--:|--:|--:|--:|")
     for i, k in enumerate(tokens):
         plain, packed = costs["plain"][i], costs["packed"][i]

@@ -26,6 +26,7 @@ from lookahead.bench.tune import shape_label as shape_name
 from lookahead.config import LookaheadConfig
 from lookahead.datasets import load_prompts
 from lookahead.models import load_model
+from lookahead.packing import apply_packing
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -53,6 +54,8 @@ def main(argv: list[str] | None = None) -> int:
                   "tuned": resolve_shape(args.model, args.dtype, workload=w)}
               for d, w in workloads.items()}
     model, tokenizer = load_model(args.model, args.dtype)
+    # The weights the commands would run on; the title says which.
+    args.packed_weights = apply_packing(model, args.packed_weights)
     prompts = {d: load_prompts(d, args.skip + args.limit)[args.skip:] for d in args.datasets}
     runs = {d: runs_of(shapes[d]) for d in args.datasets}
     totals = measure_in_turn(model, tokenizer, prompts, runs, args.max_new_tokens,
@@ -74,8 +77,8 @@ def report(args, shapes, totals) -> str:
     tuned = ("each data set's own profile" if args.per_dataset
              else shape_name(shapes[args.datasets[0]]["tuned"]))
     title = (
-        f"{args.model} {args.dtype}, prompts {args.skip + 1}-{args.skip + args.limit} of each "
-        "data set, "
+        f"{args.model} {args.dtype}{' packed' if args.packed_weights else ''}, "
+        f"prompts {args.skip + 1}-{args.skip + args.limit} of each data set, "
         f"{args.max_new_tokens} new tokens, greedy; tuned = {tuned}, "
         f"default = {shape_name(DEFAULT_SHAPE)}"
     )

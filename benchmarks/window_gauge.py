@@ -23,6 +23,7 @@ from lookahead.bench.tune import resolve_shape
 from lookahead.config import LookaheadConfig
 from lookahead.datasets import load_prompts
 from lookahead.models import load_model
+from lookahead.packing import apply_packing
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -39,6 +40,8 @@ def main(argv: list[str] | None = None) -> int:
         f"gauged (token_cost {gauged.token_cost})": ("lookahead", MethodOptions(lookahead=gauged)),
     }
     model, tokenizer = load_model(args.model, args.dtype)
+    # The weights the commands would run on; the title says which.
+    args.packed_weights = apply_packing(model, args.packed_weights)
     prompts = {d: load_prompts(d, args.limit) for d in args.datasets}
     totals = measure_in_turn(model, tokenizer, prompts, dict.fromkeys(args.datasets, runs),
                              args.max_new_tokens,
@@ -50,7 +53,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def report(args, gauged: LookaheadConfig, labels: list[str], totals) -> str:
     lines = [
-        f"{args.model} {args.dtype}, first {args.limit} prompts of each data set, "
+        f"{args.model} {args.dtype}{' packed' if args.packed_weights else ''}, "
+        f"first {args.limit} prompts of each data set, "
         f"{args.max_new_tokens} new tokens, greedy; lookahead W={gauged.window} "
         f"N={gauged.ngram} G={gauged.guess}",
         "",

@@ -96,13 +96,16 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
 
 def add_comparison_arguments(parser: argparse.ArgumentParser) -> None:
     """The arguments of the scripts in ``benchmarks/`` that compare runs prompt by prompt:
-    --model, --dtype, --datasets, --limit, --max-new-tokens, --threads."""
+    --model, --dtype, --datasets, --limit, --max-new-tokens, --threads, --[no-]packed-weights."""
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--datasets", type=comma_list(), default=("humaneval", "mtbench", "gsm8k"))
     parser.add_argument("--limit", type=positive_int, default=5, help="prompts per data set")
     parser.add_argument("--max-new-tokens", type=positive_int, default=256)
     parser.add_argument("--threads", type=positive_int, help="torch threads (default: torch's)")
+    parser.add_argument("--packed-weights", action=argparse.BooleanOptionalAction,
+                        help="pack the linear weights for oneDNN (default: where the model "
+                        "allows it, as the commands do)")
 
 
 def add_shape_arguments(parser: argparse.ArgumentParser) -> None:

@@ -221,7 +221,8 @@ def _libc():
 
 
 class Engine:
-    """Continuous batching of ``Decoder`` requests over one model, on one thread.
+    """Continuous batching of ``Decoder`` requests over one model, on one thread: a new one
+    (``start``) or the caller's (``run``, which a server should prefer: see there).
 
     Example::
 
@@ -271,7 +272,8 @@ class Engine:
         starts parallel work gets a team of worker threads of its own. Once two teams exist,
         a machine with as many PyTorch threads as cores has more OpenMP threads than cores, and
         libgomp then lets a waiting worker spin far less before it sleeps. On 2 cores,
-        SmolLM2-135M's forward pass took 110 ms on a second thread against 72 ms on the first.
+        SmolLM2-135M's 64-token forward pass took 119 ms on a second thread once the main
+        thread had run one, against 81-84 ms otherwise (``benchmarks/openmp_threads.py``).
         """
         self._looping = True
         try:

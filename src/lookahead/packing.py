@@ -14,7 +14,7 @@ exactly what the plain one does. A packed model stays on the CPU (its packed wei
 parameters, ``model.to`` does not move them). A weight tied to the input embeddings (the
 output layer of many small models) gets a packed copy: Qwen2.5-Coder-1.5B needs 0.47 GB more.
 The weights left unpacked are copied off the model file's memory map, so that the map (the
-whole file) can be released: packed, Qwen2.5-Coder-1.5B's process holds 4.6 GB, not 6.7 GB.
+whole file) can be released: packed, Qwen2.5-Coder-1.5B's process holds 4.1 GB, not 6.7 GB.
 
 Example::
 

@@ -25,6 +25,7 @@ from typing import Any, NamedTuple
 
 import torch
 
+from lookahead import packing
 from lookahead.api import METHOD_OPTIONS, check_draft_model
 from lookahead.config import (
     MAX_DRAFT_TOKENS,
@@ -35,7 +36,6 @@ from lookahead.config import (
     check_workload,
 )
 from lookahead.models import DEFAULT_MODEL, ModelNotAvailableError, load_model, resolve_dtype
-from lookahead import packing
 from lookahead.stats import GenerationStats
 
 logger = logging.getLogger(__name__)

@@ -18,14 +18,18 @@ from lookahead.bench.report import markdown_table, summarise
 from lookahead.bench.runner import BenchConfig
 from lookahead.bench.tune import (
     DEFAULT_SHAPE,
+    SHAPE_KEYS,
     TuneConfig,
     choose_shape,
     cost_at,
     load_profile,
     monotone,
+    predict,
     profile_path,
     resolve_shape,
+    step_overhead_of,
     token_cost_of,
+    versus_default,
 )
 from lookahead.cli import build_parser, main
 from lookahead.config import LookaheadConfig
@@ -129,7 +133,11 @@ def test_tune_writes_a_profile_that_shape_auto_reads(tiny, capsys) -> None:
         (2, 2, 2),
         (3, 3, 3),
     ]
+    # The sample is spread over the file's 3 prompts: the middle of the first and second half.
+    assert profile["sample"] == "spread"
+    assert profile["prompt_ids"] == {str(tiny["prompts"]): ["p0", "p2"]}
     for shape in profile["shapes"]:  # one data set here: its prediction is the whole one
+        assert [len(rates) for rates in shape["predicted_per_prompt"].values()] == [2]
         per_set = shape["predicted_per_dataset"]
         assert list(per_set) == [str(tiny["prompts"])]
         assert per_set[str(tiny["prompts"])] == pytest.approx(shape["predicted_tokens_per_second"])
@@ -264,6 +272,63 @@ def test_tuner_keeps_the_default_over_a_shape_that_is_slower_on_one_data_set() -
     chat_only["measured_tokens_per_second"], default["measured_tokens_per_second"] = 45.0, 40.0
     both["measured_tokens_per_second"] = 41.0
     assert choose_shape([default, chat_only, both], "measured", margin=0.03) is chat_only
+
+
+def test_step_overhead_is_the_median_gap_and_counts_per_step() -> None:
+    def row(measured_ms, runs):
+        return predict(dict(measured_step_ms=measured_ms, prompt_runs=dict(set=runs)))
+
+    # [tokens, steps, forward seconds]: 3 tokens/step in 10 ms steps; 2.6 in 8.5 ms steps.
+    wide = row(12.0, [[30, 10, 0.100]])
+    narrow = row(11.0, [[26, 10, 0.085]])
+    spare = row(9.0, [[10, 10, 0.050]])  # measured 4 ms over its 5 ms steps
+    assert wide["predicted_step_ms"] == pytest.approx(10.0)
+    # On the forward cost alone the narrow shape looks faster.
+    assert narrow["predicted_tokens_per_second"] > wide["predicted_tokens_per_second"]
+    # The gaps are 2, 2.5 and 4 ms: the median, 2.5 ms, is the overhead of every step.
+    overhead = step_overhead_of([wide, narrow, spare])
+    assert overhead == pytest.approx(0.0025)
+    wide, narrow = predict(wide, overhead), predict(narrow, overhead)
+    assert wide["predicted_per_prompt"] == {"set": [pytest.approx(30 / 0.125)]}
+    assert wide["predicted_step_ms"] == pytest.approx(12.5)
+    # With it, the narrow shape's extra steps cost it: 26 / 0.110 s against 30 / 0.125 s.
+    assert narrow["predicted_tokens_per_second"] == pytest.approx(26 / 0.110)
+    assert wide["predicted_tokens_per_second"] > narrow["predicted_tokens_per_second"]
+    # Steps measured faster than the curve says: no negative overhead.
+    assert step_overhead_of([row(9.0, [[30, 10, 0.100]])]) == 0.0
+
+
+def test_tuner_ranks_shapes_prompt_by_prompt_against_the_default() -> None:
+    def row(shape, code, chat=(40.0,)):
+        per_prompt = dict(humaneval=list(code), mtbench=list(chat))
+        rates = [*code, *chat]  # the sum over the sample, as if every output were as long
+        return dict(zip(SHAPE_KEYS, shape), predicted_per_prompt=per_prompt,
+                    predicted_tokens_per_second=sum(rates) / len(rates))
+
+    default = row((*DEFAULT_SHAPE.values(), 8), [40.0, 40.0, 40.0, 40.0])
+    copier = row((1, 5, 3, 16), [90.0, 70.0, 38.0, 36.0])  # 29 % ahead, on 2 of 5 prompts
+    steady = row((2, 4, 4), [42.0, 43.0, 39.0, 42.0], [41.0])  # 3.5 % ahead, on 4 of 5
+    versus = versus_default(copier, default)
+    assert (versus.won, versus.prompts) == (2, 5)
+    assert versus.speedup == pytest.approx((90 * 70 * 38 * 36 / 40**4) ** 0.2)
+    assert versus.per_dataset["mtbench"] == pytest.approx(1.0)
+    assert choose_shape([default, copier], margin=0.03) is default  # though its sum leads
+    assert copier["predicted_tokens_per_second"] > 1.2 * default["predicted_tokens_per_second"]
+    assert choose_shape([default, copier, steady], margin=0.03) is steady
+    assert choose_shape([default, copier, steady], margin=0.05) is default
+    # Faster on most prompts and overall, but slower on one data set: not chosen.
+    chat_loser = row((2, 4, 6), [50.0, 50.0, 50.0, 50.0], [39.0])
+    assert versus_default(chat_loser, default).speedup > 1.1
+    assert choose_shape([default, chat_loser], margin=0.03) is default
+    # Ahead on every prompt, but not in sum (a long output where it is slow): not chosen.
+    lopsided = row((1, 4, 6), [44.0, 44.0, 44.0, 44.0], [41.0])
+    lopsided["predicted_tokens_per_second"] = 40.5
+    assert versus_default(lopsided, default).speedup > 1.08
+    assert choose_shape([default, lopsided], margin=0.03) is default
+    lopsided["predicted_tokens_per_second"] = 42.0
+    assert choose_shape([default, lopsided], margin=0.03) is lopsided
+    # Rows without per-prompt figures (older profiles): no comparison.
+    assert versus_default(steady, dict(DEFAULT_SHAPE)) is None
 
 
 def test_a_shape_may_carry_the_lookup_length_and_the_tuner_can_choose_it(tiny, capsys) -> None:

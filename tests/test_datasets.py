@@ -20,6 +20,7 @@ from lookahead.datasets import (
     encode_prompt,
     list_datasets,
     load_prompts,
+    spread,
 )
 
 # The vocabulary of tiny.word_tokenizer, which adds no special tokens of its own.
@@ -57,6 +58,20 @@ def test_limit_keeps_the_first_prompts() -> None:
     prompts = load_prompts("humaneval", limit=3)
     assert [p.id for p in prompts] == ["HumanEval/0", "HumanEval/1", "HumanEval/2"]
     assert len(load_prompts("humaneval", limit=1000)) == 164
+
+
+def test_spread_takes_the_middle_of_equal_stretches() -> None:
+    prompts = [Prompt(id=str(i), text=f"p{i}", is_chat=False) for i in range(10)]
+    # Stretches 0-4 and 5-9: their middles; 0-3, 3-6, 6-9 (of 10/3 each): 1, 5 and 8.
+    assert [p.id for p in spread(prompts, 2)] == ["2", "7"]
+    assert [p.id for p in spread(prompts, 3)] == ["1", "5", "8"]
+    assert spread(prompts, 10) == prompts and spread(prompts, 50) == prompts
+    assert [p.id for p in spread(load_prompts("humaneval"), 5)] == [
+        f"HumanEval/{i}" for i in (16, 49, 82, 114, 147)
+    ]
+    for bad in (0, -2, 1.5, True):
+        with pytest.raises(ValueError, match="count must be a positive int"):
+            spread(prompts, bad)
 
 
 @pytest.mark.parametrize("bad", [0, -1, 2.5, "3", True])

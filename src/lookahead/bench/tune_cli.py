@@ -29,11 +29,14 @@ from lookahead.bench.tune import (
     DEFAULT_LOOKUP_TOKENS,
     DEFAULT_SHAPES,
     DEFAULT_TOKENS,
+    SAMPLES,
     SELECT,
     TuneConfig,
+    default_row,
     profile_path,
     shape_label,
     tune,
+    versus_default,
 )
 from lookahead.commands.common import float_in, int_in, workload_arg
 from lookahead.config import MAX_DRAFT_TOKENS
@@ -55,6 +58,9 @@ def register(subparsers) -> None:
                         f"(default {DEFAULT_DATASETS})")
     parser.add_argument("--limit", type=positive_int, default=2,
                         help="sample prompts per data set (2)")
+    parser.add_argument("--sample", choices=SAMPLES, default="spread",
+                        help="take the sample prompts spread evenly across each data set "
+                        "(default) or its first ones")
     parser.add_argument("--max-new-tokens", type=positive_int, default=128, help="(128)")
     parser.add_argument(
         "--tokens",
@@ -81,7 +87,8 @@ def register(subparsers) -> None:
     )
     parser.add_argument("--margin", type=float_in(0.0, 1.0, high_open=True), default=0.03,
                         help="keep the default shape unless another is predicted faster by "
-                        "more than this fraction (0.03), and no slower on any data set")
+                        "more than this fraction (0.03), no slower on any data set, and "
+                        "faster on most sample prompts")
     parser.add_argument("--workload", type=workload_arg, metavar="NAME",
                         help="save the profile under this name (e.g. code, tuned with --dataset "
                         "humaneval), read by --workload NAME of the other commands, instead of "
@@ -133,6 +140,7 @@ def run(args: argparse.Namespace) -> int:
             limit=args.limit,
             max_new_tokens=args.max_new_tokens,
             select=args.select,
+            sample=args.sample,
             packed_weights=args.packed_weights,
             margin=args.margin,
             cache_dir=args.cache_dir,
@@ -168,6 +176,7 @@ def profile_table(profile: dict) -> str:
     curve = profile["curve"]
     base = profile["autoregressive_predicted_tokens_per_second"]
     sets = list(profile["shapes"][0].get("predicted_per_dataset", {})) if profile["shapes"] else []
+    default = default_row(profile["shapes"])
     lines = [
         (
             f"{profile['model']} {profile['dtype']} on {profile['device']}, "
@@ -183,10 +192,10 @@ def profile_table(profile: dict) -> str:
         "",
         (
             "| W | N | G | L | tokens/step | fwd tokens | predicted tok/s | predicted speed-up "
-            f"| predicted tok/s {' / '.join(sets)} | measured tok/s "
-            "| step ms predicted/measured |"
+            f"| predicted tok/s {' / '.join(sets)} | vs default per prompt (faster on) "
+            "| measured tok/s | step ms predicted/measured |"
         ),
-        "|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|",
+        "|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|",
     ]
     for row in profile["shapes"]:
         per_set = row.get("predicted_per_dataset", {})
@@ -196,15 +205,21 @@ def profile_table(profile: dict) -> str:
             f"| {row['mean_forward_tokens']:.1f} | {row['predicted_tokens_per_second']:.1f} "
             f"| {row['predicted_tokens_per_second'] / base:.2f}x "
             f"| {' / '.join(f'{per_set.get(name, 0.0):.1f}' for name in sets)} "
-            f"| {row['measured_tokens_per_second']:.1f} "
+            f"| {_won(row, default)} | {row['measured_tokens_per_second']:.1f} "
             f"| {row['predicted_step_ms']:.1f} / {row['measured_step_ms']:.1f} |"
         )
     best = profile["best"]
     lines += [
         "",
         (
-            f"autoregressive predicted: {base:.1f} tok/s; best ({profile['select']}): "
+            f"autoregressive predicted: {base:.1f} tok/s; step overhead beside the forward "
+            f"pass: {profile.get('step_overhead_ms', 0.0):.1f} ms; best ({profile['select']}): "
             + shape_label(best)
         ),
     ]
     return "\n".join(lines)
+
+
+def _won(row: dict, default: dict | None) -> str:
+    versus = None if default is None or row is default else versus_default(row, default)
+    return "-" if versus is None else f"{versus.speedup:.2f}x ({versus.won}/{versus.prompts})"

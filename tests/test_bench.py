@@ -359,11 +359,16 @@ def test_a_shape_may_carry_the_lookup_length_and_the_tuner_can_choose_it(tiny, c
         TuneConfig(shapes=((2, 5, 4, 8, 1),))
 
 
-def test_tune_rejects_a_bad_margin_or_no_data_set() -> None:
+def test_tune_rejects_a_bad_margin_sample_or_no_data_set(capsys) -> None:
     with pytest.raises(ValueError, match="margin must be in"):
         TuneConfig(margin=1.5)
     with pytest.raises(ValueError, match="dataset must name"):
         TuneConfig(dataset=" , ")
+    with pytest.raises(ValueError, match="sample must be one of spread, first, got 'middle'"):
+        TuneConfig(sample="middle")
+    with pytest.raises(SystemExit):
+        main(["tune", "--sample", "middle"])
+    assert "argument --sample: invalid choice: 'middle'" in capsys.readouterr().err
 
 
 def test_summary_counts_identical_outputs_per_dtype() -> None:

@@ -205,7 +205,7 @@ def profile_table(profile: dict) -> str:
             f"| {row['mean_forward_tokens']:.1f} | {row['predicted_tokens_per_second']:.1f} "
             f"| {row['predicted_tokens_per_second'] / base:.2f}x "
             f"| {' / '.join(f'{per_set.get(name, 0.0):.1f}' for name in sets)} "
-            f"| {_won(row, default)} | {row['measured_tokens_per_second']:.1f} "
+            f"| {_versus_cell(row, default)} | {row['measured_tokens_per_second']:.1f} "
             f"| {row['predicted_step_ms']:.1f} / {row['measured_step_ms']:.1f} |"
         )
     best = profile["best"]
@@ -220,6 +220,6 @@ def profile_table(profile: dict) -> str:
     return "\n".join(lines)
 
 
-def _won(row: dict, default: dict | None) -> str:
+def _versus_cell(row: dict, default: dict | None) -> str:
     versus = None if default is None or row is default else versus_default(row, default)
     return "-" if versus is None else f"{versus.speedup:.2f}x ({versus.won}/{versus.prompts})"

@@ -290,7 +290,6 @@ def predict(row: dict, step_overhead: float = 0.0) -> dict:
     every = [run for set_runs in runs.values() for run in set_runs]
     steps, total = sum(run[1] for run in every), sum(map(seconds, every))
     return row | dict(
-        step_overhead_ms=1000 * step_overhead,
         predicted_tokens_per_second=_rate(sum(run[0] for run in every), total),
         predicted_per_dataset={
             name: _rate(sum(run[0] for run in set_runs), sum(map(seconds, set_runs)))

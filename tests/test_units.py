@@ -32,7 +32,6 @@ from lookahead.proposers.lookahead import (
     window_visibility,
 )
 from lookahead.proposers.prompt_lookup import CopyLength, PromptLookupProposer, find_continuation
-from lookahead.proposers.votes import VoteTree, context_matches, continuation
 from lookahead.server.shapes import prefill_length, prefill_lengths
 from lookahead.stats import GenerationStats
 from lookahead.verify import verify_greedy, verify_sampling
@@ -239,12 +238,12 @@ def test_window_token_sees_one_token_per_earlier_position(levels, window):
 
 def test_ngram_pool_docstring_example():
     pool = NGramPool(3, capacity=7)
-    for ngram in ([1, 2, 3], [1, 2, 4], [2, 3, 1]):
-        pool.add(ngram)
+    pool.add_all([1, 2, 3, 1, 2, 4])
     assert pool.get(1) == [[2, 4], [2, 3]]
     assert pool.get(2) == [[3, 1]]
+    assert pool.get(3) == [[1, 2]]
     assert pool.get(4) == []
-    assert len(pool) == 3
+    assert len(pool) == 4
 
 
 def test_ngram_pool_lru_and_capacity_per_key():
@@ -261,51 +260,27 @@ def test_ngram_pool_lru_and_capacity_per_key():
     assert len(pool) == 4
 
 
-# --- votes for the candidate tree ----------------------------------------------------------
+def test_ngram_pool_add_all_from_start():
+    pool = NGramPool(3, capacity=5)
+    pool.add_all([1, 2, 3, 4, 5], start=2)
+    assert pool.get(1) == [] and pool.get(2) == []
+    assert pool.get(3) == [[4, 5]]
+    pool.add_all([7, 8, 9], start=-4)  # a negative start means from the beginning
+    assert pool.get(7) == [[8, 9]]
+    pool.add_all([6, 6, 6, 6], start=3)  # no n-gram starts at 3 or later
+    assert pool.get(6) == []
+    pool.add_all([5, 5])  # shorter than n
+    assert pool.get(5) == []
 
 
-def test_vote_tree_docstring_example():
-    votes = VoteTree(depth=2)
-    votes.add([7, 8, 9], weight=4.0)
-    votes.add([7, 5], weight=1.0)
-    votes.add([7, 8, 1], weight=1.0)
-    assert votes.heaviest(budget=3) == ([[7, 8], [7, 5]], [True, True])
-    assert votes.heaviest(budget=1) == ([[7]], [True])
-    assert votes.heaviest(budget=10) == ([[7, 8], [7, 5]], [True, True])  # depth 2 cuts 9, 1
-
-
-def test_vote_tree_agreement_beats_a_single_heavier_vote_and_marks_guesses():
-    votes = VoteTree(depth=3)
-    votes.add([1, 2, 3], weight=3.0)
-    for _ in range(2):
-        votes.add([4, 5, 6], weight=2.0, from_text=False)  # two guesses outweigh it together
-    votes.add([4, 9], weight=1.0)  # and one text vote shares their first token
-    candidates, from_text = votes.heaviest(budget=4)
-    # 4 (5.0), 4 5 (4.0), 4 5 6 (4.0), then 1 (3.0): shallower first on ties.
-    assert candidates == [[4, 5, 6], [1]]
-    assert from_text == [False, True]
-    assert VoteTree(depth=3).heaviest(budget=4) == ([], [])
-
-
-def test_context_matches_docstring_example_and_ranking():
-    tokens = np.array([1, 2, 9, 2, 3, 2])
-    positions, lengths = context_matches(tokens, 5, [1, 2])
-    assert positions.tolist() == [1, 3] and lengths.tolist() == [1, 0]
-    # Longest match first, then the latest; separators (-1) never match; start/limit cut.
-    tokens = np.array([7, 8, 5, -1, 8, 5, 0, 7, 8, 5, 6, 8, 5])
-    context = [6, 7, 8, 5]
-    positions, lengths = context_matches(tokens, len(tokens) - 1, context)
-    assert positions.tolist() == [9, 2, 5] and lengths.tolist() == [2, 2, 1]
-    positions, lengths = context_matches(tokens, len(tokens) - 1, context, start=3, limit=1)
-    assert positions.tolist() == [9] and lengths.tolist() == [2]
-    assert context_matches(tokens, 2, context)[0].size == 0
-
-
-def test_continuation_stops_at_a_separator():
-    tokens = np.array([4, 5, 6, -1, 4, 7])
-    assert continuation(tokens, 0, 2) == [5, 6]
-    assert continuation(tokens, 1, 5) == [6]
-    assert continuation(tokens, 4, 5) == [7]
+def test_ngram_pool_marks_the_windows_guesses_until_the_text_has_them():
+    pool = NGramPool(3, capacity=4)
+    pool.add([1, 2, 3], guessed=True)
+    pool.add([1, 5, 6], guessed=True)
+    pool.add_all([0, 1, 2, 3])  # the text confirms 1 2 3
+    pool.add([1, 2, 3], guessed=True)  # guessed again: still the text's
+    assert pool.entries(1) == [([2, 3], False), ([5, 6], True)]
+    assert pool.get(1) == [[2, 3], [5, 6]]
 
 
 def test_window_gauge_gain_is_what_the_windows_candidates_add():
@@ -363,12 +338,11 @@ def test_lookahead_proposer_feeds_nothing_when_the_step_holds_x0_alone():
     text = [5, 6, 7, 5, 6, 8, 5]
     proposer.start(text)
     assert proposer.propose(text, max_tokens=0) == Proposal()  # no candidates, no window
-    # Without a window's logits the window stays as it was.
+    # Without a window's logits the window stays as it was; the pool still learns the text.
     proposer.update(text + [6], StepOutcome([6], 0, None))
-    assert len(proposer.levels) == 1 and len(proposer.pool) == 0
+    assert len(proposer.levels) == 1 and proposer.pool.get(5) == [[6, 8], [6, 7]]
     proposal = proposer.propose(text + [6], max_tokens=1)
-    # The copy after the first "5 6", then what followed x0 = 6 in the text, cut to 1 token:
-    # 8 (after "5 6" like the context, and later) before 7.
+    # The copy after the first "5 6", then the pool's tails of x0 = 6, newest first, cut to 1.
     assert proposal.candidates == [[7], [8], [7]]
     assert proposal.branch is not None and len(proposal.branch.tokens) == 3
 

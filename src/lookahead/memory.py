@@ -21,8 +21,6 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Iterator, Sequence
 
-import numpy as np
-
 from lookahead.config import check_int
 
 # The methods whose proposers copy from a memory.
@@ -46,7 +44,6 @@ class TextMemory:
         self._tokens = 0
         # n-gram -> (text, index after the n-gram) of its latest occurrence with a continuation
         self._latest: dict[tuple[int, ...], tuple[tuple[int, ...], int]] = {}
-        self._joined = np.zeros(0, dtype=np.int64)
 
     def add(self, tokens: Sequence[int]) -> None:
         """Remember one finished text (token ids); forget the oldest texts beyond capacity."""
@@ -60,10 +57,6 @@ class TextMemory:
         self._index(text)
         while self._tokens > self.capacity:
             self._forget(self._texts.popleft())
-        self._joined = np.fromiter(
-            (t for text in self._texts for t in (*text, -1)), dtype=np.int64
-        )
-        self._joined.flags.writeable = False  # shared by the requests that read it
 
     def find(self, context: Sequence[int], length: int) -> list[int]:
         """Up to ``length`` tokens that followed the latest remembered occurrence of the
@@ -77,11 +70,6 @@ class TextMemory:
                 text, start = hit
                 return list(text[start : start + length])
         return []
-
-    def joined(self) -> np.ndarray:
-        """int64 [len(self) + texts]: every text, oldest first, each followed by -1 (so that
-        no n-gram or continuation runs from one text into the next). Read-only."""
-        return self._joined
 
     def __len__(self) -> int:
         """Tokens remembered."""

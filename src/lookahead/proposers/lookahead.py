@@ -4,11 +4,8 @@ The window keeps ``L = N - 1`` levels of W guesses each; level ``l``, column ``j
 ``l + j + 1`` positions after ``x0``. Read along a column, the levels are consecutive
 positions, so ``(level_0[j], ..., level_{L-1}[j], out[j])`` -- where ``out[j]`` is the model's
 next-token guess at the top level -- is an n-gram of length N that the model itself produced.
-Those n-grams go into the pool. Candidates for the next step are continuations of ``x0``: the
-pool's n-grams starting with it, and what followed ``x0`` earlier in the prompt, the output and
-the memory of earlier requests. They vote, weighted by how much context they share with the
-text (``lookahead.proposers.votes``), and the heaviest G x (N - 1) tokens of the trie they make
-are verified. After each step the window slides by one level: the lowest level drops out and the
+Those n-grams go into the pool; candidates for the next step are the pool's n-grams starting
+with ``x0``. After each step the window slides by one level: the lowest level drops out and the
 top level's outputs become the new top level (one Jacobi iteration).
 
 Attention inside the window (``Branch.visible``): level 0 is causal along its W columns; a
@@ -26,7 +23,6 @@ import random
 from collections import OrderedDict
 from collections.abc import Sequence
 
-import numpy as np
 import torch
 
 from lookahead.attention import Branch
@@ -34,44 +30,47 @@ from lookahead.config import LookaheadConfig
 from lookahead.memory import TextMemory
 from lookahead.proposers.base import Proposal, StepOutcome
 from lookahead.proposers.prompt_lookup import CopyLength, find_continuation
-from lookahead.proposers.votes import CONTEXT_WEIGHT, VoteTree, context_matches, continuation
 from lookahead.verify import argmax
 
 
-# A vote from the request's own text counts 4x one from the memory of other requests: on
-# HumanEval with Qwen2.5-Coder-1.5B, 4x and 16x accepted alike and 1x less. A window's n-gram
-# is the model's own guess at this very context, so it weighs as much as the text's
-# occurrences after one matching token of context.
-OWN_TEXT_WEIGHT = 4.0
-WINDOW_WEIGHT = OWN_TEXT_WEIGHT * CONTEXT_WEIGHT
-
-
 class NGramPool:
-    """The window's n-grams keyed by their first token: ``pool.get(t)`` gives the
-    (n - 1)-token tails of those that start with ``t``, most recently seen first, at most
-    ``capacity``.
+    """Continuations keyed by their first token: ``pool.get(t)`` gives the (n - 1)-token tails
+    of the n-grams that start with ``t``, most recently seen first, at most ``capacity``.
 
-    Example: n=3; after ``add([1, 2, 3])``, ``add([1, 2, 4])`` and ``add([2, 3, 1])``,
-    ``get(1)`` is ``[[2, 4], [2, 3]]``.
+    Example: n=3; after ``add_all([1, 2, 3, 1, 2, 4])`` ``get(1)`` is ``[[2, 4], [2, 3]]``.
     """
 
     def __init__(self, n: int, capacity: int) -> None:
         self.n = n
         self.capacity = capacity
-        self._tails: dict[int, OrderedDict[tuple[int, ...], None]] = {}
+        # tail -> True while the n-gram is only the window's guess (not seen in the text)
+        self._tails: dict[int, OrderedDict[tuple[int, ...], bool]] = {}
 
-    def add(self, ngram: Sequence[int]) -> None:
-        """Insert one n-gram (or refresh it as most recent); evict the oldest beyond capacity."""
+    def add(self, ngram: Sequence[int], guessed: bool = False) -> None:
+        """Insert one n-gram (or refresh it as most recent); evict the oldest beyond capacity.
+        ``guessed``: it comes from the window, not from the text."""
         tails = self._tails.setdefault(ngram[0], OrderedDict())
         tail = tuple(ngram[1:])
-        tails[tail] = None
-        tails.move_to_end(tail)
+        if tail in tails:
+            tails[tail] = tails[tail] and guessed
+            tails.move_to_end(tail)
+            return
+        tails[tail] = guessed
         if len(tails) > self.capacity:
             tails.popitem(last=False)
 
+    def add_all(self, tokens: Sequence[int], start: int = 0) -> None:
+        """Add every n-gram of ``tokens`` that begins at index ``start`` or later."""
+        for i in range(max(start, 0), len(tokens) - self.n + 1):
+            self.add(tokens[i : i + self.n])
+
     def get(self, token: int) -> list[list[int]]:
+        return [tail for tail, _ in self.entries(token)]
+
+    def entries(self, token: int) -> list[tuple[list[int], bool]]:
+        """``get(token)``'s tails, each with whether it is only the window's guess."""
         tails = self._tails.get(token)
-        return [list(t) for t in reversed(tails)] if tails else []
+        return [(list(t), guessed) for t, guessed in reversed(tails.items())] if tails else []
 
     def __len__(self) -> int:
         return sum(len(t) for t in self._tails.values())
@@ -163,7 +162,7 @@ class LookaheadProposer:
         self._random = random.Random(seed)
         self.pool = NGramPool(config.ngram, config.guess)
         self.levels: list[list[int]] = []
-        self._prompt_length = 0
+        self._pooled = 0  # tokens of the text whose n-grams are in the pool
         self.copy_length = CopyLength(config.lookup_tokens, config.lookup_max_tokens)
         self._copied: list[int] = []  # this step's copied continuation
         self._candidates: list[list[int]] = []  # this step's, and whether the text gave each:
@@ -175,7 +174,9 @@ class LookaheadProposer:
     def start(self, prompt: list[int]) -> None:
         cfg = self.config
         self.pool = NGramPool(cfg.ngram, cfg.guess)
-        self._prompt_length = len(prompt)
+        if cfg.prompt_pool:
+            self.pool.add_all(prompt)
+        self._pooled = len(prompt)
         self.copy_length.reset()
         self.gauge = self._new_gauge()
         # The first level is seeded with prompt tokens; the rest fill in over N - 2 steps.
@@ -194,7 +195,9 @@ class LookaheadProposer:
             # last: the window is of no use either. Proposing nothing, at no cost, lets a
             # request of ours decode as cheaply as a plain one when the server is busy.
             return Proposal()
-        candidates, from_text = self._vote(context, min(self.config.levels, max_tokens))
+        entries = self.pool.entries(context[-1])
+        candidates = [tail[:max_tokens] for tail, _ in entries]
+        from_text = [not guessed for _, guessed in entries]
         self._copied = self._copy(context, min(self.copy_length.value, max_tokens))
         if self._copied:
             candidates.insert(0, self._copied)
@@ -205,27 +208,6 @@ class LookaheadProposer:
                                    1 + sum(map(len, candidates))):
             branch = self._branch()
         return Proposal(candidates, branch=branch)
-
-    def _vote(self, context: list[int], depth: int) -> tuple[list[list[int]], list[bool]]:
-        """The candidate tree: continuations of x0 of up to ``depth`` tokens that the text,
-        the memory and the window's n-grams vote for, G x (N - 1) tokens' worth (shared
-        prefixes count once); and whether the text alone reached each."""
-        cfg = self.config
-        votes = VoteTree(depth)
-        text = np.asarray(context, dtype=np.int64)
-        start = 0 if cfg.prompt_pool else self._prompt_length
-        stop = len(context) - 1 if cfg.output_pool else min(self._prompt_length, len(context) - 1)
-        positions, lengths = context_matches(text, stop, context, start=start)
-        for position, length in zip(positions.tolist(), lengths.tolist()):
-            votes.add(continuation(text, position, depth), OWN_TEXT_WEIGHT * CONTEXT_WEIGHT**length)
-        if self.memory is not None:
-            remembered = self.memory.joined()
-            positions, lengths = context_matches(remembered, len(remembered), context)
-            for position, length in zip(positions.tolist(), lengths.tolist()):
-                votes.add(continuation(remembered, position, depth), CONTEXT_WEIGHT**length)
-        for tail in self.pool.get(context[-1]):
-            votes.add(tail, WINDOW_WEIGHT, from_text=False)
-        return votes.heaviest(budget=cfg.guess * cfg.levels)
 
     def _copy(self, context: list[int], length: int) -> list[int]:
         """Up to ``length`` tokens that followed the text's last n-gram earlier, else in
@@ -240,6 +222,9 @@ class LookaheadProposer:
     def update(self, context: list[int], outcome: StepOutcome) -> None:
         if outcome.branch_logits is not None:  # None when a busy server left the window out
             self._slide(argmax(outcome.branch_logits).tolist())
+        if self.config.output_pool:
+            self.pool.add_all(context, start=self._pooled - self.config.ngram + 1)
+        self._pooled = len(context)
         self.copy_length.judge(self._copied, outcome.committed)
         if self._judged:
             self.gauge.record(self._candidates, self._from_text, outcome.committed)
@@ -248,7 +233,7 @@ class LookaheadProposer:
         """Harvest the window's n-grams and make ``guesses`` (top level's outputs) its new top."""
         if len(self.levels) == self.config.levels:
             for column, last in enumerate(guesses):
-                self.pool.add([level[column] for level in self.levels] + [last])
+                self.pool.add([level[column] for level in self.levels] + [last], guessed=True)
             self.levels = self.levels[1:]
         self.levels.append(guesses)
 

@@ -493,6 +493,25 @@ def test_bench_memory_copies_earlier_answers_but_never_the_warm_up(tiny, tmp_pat
         assert steps[method, "b", True] < steps[method, "b", False], method
 
 
+def test_bench_datastore_is_recorded_and_keeps_outputs_exact(tiny, tmp_path, capsys) -> None:
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("def f ( x ) : return x + 1\n" * 3)
+    out = tmp_path / "out"
+    argv = _bench_argv(tiny, "--methods", "hf,lookahead,prompt_lookup", "--baseline-dtypes",
+                       "float64", "--no-plots", "--out", str(out), "--datastore", str(corpus))
+    assert main(argv) == 0
+    results = json.loads((out / "results.json").read_text())
+    assert results["config"]["options"]["datastore"] == str(corpus)
+    assert "datastore " + str(corpus) in capsys.readouterr().out
+    rows = [r for r in results["summary"]["prompts"] if r["identical"] is not None]
+    assert {r["method"] for r in rows} >= {"lookahead", "prompt_lookup"}
+    for row in rows:
+        assert row["identical"] == row["prompts"], row
+    missing = _bench_argv(tiny, "--datastore", str(tmp_path / "nope"), "--out", str(out))
+    assert main(missing) == 2
+    assert "datastore: expected 'stdlib' or a file or folder" in capsys.readouterr().err
+
+
 def test_measure_in_turn_sums_each_run_over_the_prompts(tiny) -> None:
     """The prompt-major loop of the comparison scripts in benchmarks/: every (data set, run)
     gets every prompt's tokens, and the window gauge's run feeds fewer tokens per step."""

@@ -211,6 +211,18 @@ def test_serve_memory_needs_a_method_that_copies(tiny_folder, capsys) -> None:
     assert "argument --memory" in err and "lookahead or prompt_lookup" in err
 
 
+@pytest.mark.parametrize("argv, message", [
+    (["--method", "autoregressive", "--datastore", "stdlib"], "lookahead or prompt_lookup"),
+    (["--method", "lookahead", "--datastore", "/no/such/corpus"], "expected 'stdlib' or a file"),
+])
+def test_serve_datastore_is_checked_before_loading(tiny_folder, capsys, argv, message) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(["serve", "--model", str(tiny_folder), *argv])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert "argument --datastore" in err and message in err
+
+
 def test_serve_answers_then_stops_on_sigterm(tiny_folder, tiny) -> None:
     """``lookahead serve`` end to end: the engine on this (the main) thread, HTTP on another;
     SIGTERM ends it with status 0, as Ctrl+C does."""

@@ -335,6 +335,32 @@ def test_a_server_with_memory_copies_an_earlier_answer() -> None:
     assert steps[1] < steps[0] / 2, steps  # the second answer was copied from the first
 
 
+def test_a_server_with_a_datastore_copies_from_it_and_keeps_it_server_side() -> None:
+    model, tokenizer = server_llama(), server_tokenizer()
+    engine = Engine(model, tokenizer, EngineConfig()).start()
+    ids = prompt_ids(6, 9)
+    text, count = expected(model, tokenizer, ids, 30, method="prompt_lookup")
+    answer = lookahead.generate(model, ids, 30, "autoregressive").sequences[0].tolist()
+    store = lookahead.Datastore(answer + [0] + answer)  # holds the whole answer
+    body = {"model": MODEL, "prompt": ids[0].tolist(), "max_tokens": 30, "temperature": 0}
+    steps, health = {}, {}
+    for name, options in (("without", {}), ("with", {"datastore": store})):
+        settings = ServerSettings(MODEL, "prompt_lookup", options)
+        with ServerThread(create_app(engine, settings)) as server:
+            before = _steps(server, "prompt_lookup")
+            reply = httpx.post(server.url + "/v1/completions", json=body, timeout=60).json()
+            assert reply["choices"][0]["text"] == text
+            steps[name] = _steps(server, "prompt_lookup") - before
+            health[name] = httpx.get(server.url + "/health").json()
+            asked = {**body, "lookahead": {"datastore": "stdlib"}}
+            refused = httpx.post(server.url + "/v1/completions", json=asked, timeout=60)
+    engine.stop()
+    assert count == 30 and steps["with"] < steps["without"] / 2, steps
+    assert health["with"]["datastore_tokens"] == len(store)
+    assert "datastore_tokens" not in health["without"]
+    assert refused.status_code == 400 and "set by the server" in refused.text
+
+
 def test_loadtest_alternates_methods_and_pools_repeats(served, tmp_path, monkeypatch) -> None:
     server, engine = served[0], served[1]
     prompts = tmp_path / "prompts.jsonl"

@@ -15,6 +15,7 @@ from lookahead.config import (
     PromptLookupConfig,
     SamplingConfig,
 )
+from lookahead.datastore import Datastore
 from lookahead.grouped_attention import use_grouped_attention
 from lookahead.memory import TextMemory
 from lookahead.packing import pack_weights, packing_problem
@@ -35,6 +36,7 @@ def load_model(*args, **kwargs):
 
 __all__ = [
     "METHODS",
+    "Datastore",
     "DraftConfig",
     "GenerationResult",
     "GenerationStats",

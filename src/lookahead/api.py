@@ -17,6 +17,7 @@ from lookahead.config import (
     SamplingConfig,
     check_int,
 )
+from lookahead.datastore import Datastore
 from lookahead.decode import Decoder
 from lookahead.memory import TextMemory
 from lookahead.proposers.base import NoProposer, Proposer
@@ -32,9 +33,9 @@ METHOD_OPTIONS = MappingProxyType({
     "autoregressive": (),
     "lookahead": ("window", "ngram", "guess", "prompt_pool", "output_pool", "lookup_ngram",
                   "lookup_tokens", "lookup_max_tokens", "token_cost", "window_probe", "memory",
-                  "workload"),
+                  "datastore", "workload"),
     "prompt_lookup": ("num_draft_tokens", "max_ngram", "min_ngram", "max_draft_tokens",
-                      "memory"),
+                      "memory", "datastore"),
     "draft": ("draft_model", "num_draft_tokens", "lookup_tokens", "lookup_ngram"),
 })
 
@@ -82,7 +83,8 @@ def generate(model, input_ids, max_new_tokens: int = 256, method: str = "lookahe
     ``resolve_auto_shape``), "prompt_lookup" (num_draft_tokens, max_ngram, min_ngram,
     max_draft_tokens) or "draft" (draft_model, num_draft_tokens, lookup_tokens, lookup_ngram).
     ``memory`` (lookahead and prompt lookup): a ``TextMemory`` of earlier requests' texts to
-    copy from; the finished text is added to it.
+    copy from; the finished text is added to it. ``datastore`` (the same two): a
+    ``Datastore``, a corpus to copy from where neither the text nor the memory matches.
     Sampling options for every method: do_sample, temperature, top_k, top_p, seed;
     ``eos_token_id`` overrides the model's own.
     Greedy output is token-for-token that of ``model.generate(do_sample=False)``.
@@ -121,7 +123,8 @@ def make_decoder(model, input_ids, max_new_tokens, method, **options) -> Decoder
     if method == "lookahead":
         options = resolve_auto_shape(model, options)
     memory = _check_memory(options.pop("memory", None))
-    proposer = make_proposer(model, method, options, sampling, generator, memory)
+    datastore = _check_datastore(options.pop("datastore", None))
+    proposer = make_proposer(model, method, options, sampling, generator, memory, datastore)
     return Decoder(
         model,
         input_ids,
@@ -163,13 +166,15 @@ def resolve_auto_shape(model, options: dict) -> dict:
 
 
 def make_proposer(
-    model, method: str, options: dict, sampling, generator, memory: TextMemory | None = None
+    model, method: str, options: dict, sampling, generator, memory: TextMemory | None = None,
+    datastore: Datastore | None = None,
 ) -> Proposer:
     """The proposer object for ``method``, configured from ``options``."""
     if method == "lookahead":
-        return LookaheadProposer(LookaheadConfig(**options), memory=memory)
+        return LookaheadProposer(LookaheadConfig(**options), memory=memory, datastore=datastore)
     if method == "prompt_lookup":
-        return PromptLookupProposer(PromptLookupConfig(**options), memory=memory)
+        return PromptLookupProposer(PromptLookupConfig(**options), memory=memory,
+                                    datastore=datastore)
     if method == "draft":
         draft_model = options.pop("draft_model", None)
         check_draft_model(model, draft_model)
@@ -233,6 +238,13 @@ def _check_memory(memory) -> TextMemory | None:
     if memory is not None and not isinstance(memory, TextMemory):
         raise TypeError(f"memory must be a lookahead.TextMemory or None, got {_describe(memory)}")
     return memory
+
+
+def _check_datastore(datastore) -> Datastore | None:
+    if datastore is not None and not isinstance(datastore, Datastore):
+        raise TypeError(f"datastore must be a lookahead.Datastore or None, got "
+                        f"{_describe(datastore)}")
+    return datastore
 
 
 def _vocab_size(model) -> int:

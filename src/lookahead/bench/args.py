@@ -119,6 +119,8 @@ def add_shape_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--window", type=int_in(1, MAX_WINDOW), metavar="W", help="window W")
     parser.add_argument("--ngram", type=int_in(2, MAX_NGRAM), metavar="N", help="n-gram size N")
     parser.add_argument("--guess", type=int_in(1, MAX_GUESS), metavar="G", help="guesses G")
+    parser.add_argument("--lookup-tokens", type=int_in(1, 256), metavar="L",
+                        help="lookahead's first copy length L (the copy doubles while accepted)")
     parser.add_argument("--workload", type=workload_arg, metavar="NAME",
                         help="with --shape auto: the shape `lookahead tune --workload NAME` "
                         "saved (e.g. code), else the general tuned one")
@@ -126,9 +128,10 @@ def add_shape_arguments(parser: argparse.ArgumentParser) -> None:
 
 def shape_from_args(args: argparse.Namespace) -> dict[str, int]:
     """The lookahead shape asked for: --shape (auto, the default: the saved profile), then
-    --window etc.
+    --window etc. and --lookup-tokens.
 
-    Returns ``dict(window=, ngram=, guess=)``; validated later by ``LookaheadConfig``.
+    Returns ``dict(window=, ngram=, guess=)`` (and ``lookup_tokens`` when the saved profile or
+    --lookup-tokens gives one); validated later by ``LookaheadConfig``.
     """
     from lookahead.bench.tune import resolve_shape
 
@@ -142,8 +145,8 @@ def shape_from_args(args: argparse.Namespace) -> dict[str, int]:
         )
     else:
         shape = dict(zip(("window", "ngram", "guess"), args.shape, strict=True))
-    for name in ("window", "ngram", "guess"):
-        if getattr(args, name) is not None:
+    for name in ("window", "ngram", "guess", "lookup_tokens"):
+        if getattr(args, name, None) is not None:
             shape[name] = getattr(args, name)
     return shape
 

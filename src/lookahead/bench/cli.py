@@ -86,6 +86,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="our lookahead and prompt lookup also copy from their earlier answers in the run",
     )
+    parser.add_argument(
+        "--datastore",
+        metavar="stdlib|PATH",
+        help="our lookahead and prompt lookup also copy from this corpus: 'stdlib' (the Python "
+        "standard library) or a file or folder of text (tokenized once, then cached)",
+    )
     parser.add_argument("--out", default="bench-out", help="output folder (default bench-out)")
     parser.add_argument("--no-warmup", action="store_true", help="skip the warm-up runs")
     parser.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
@@ -100,6 +106,7 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
         draft=DraftConfig(num_draft_tokens=args.draft_tokens),
         hf_prompt_lookup_tokens=args.prompt_lookup_tokens,
         memory=args.memory,
+        datastore=args.datastore,
     )
     return BenchConfig(
         model=args.model,
@@ -140,7 +147,11 @@ def run_with_progress(config: BenchConfig) -> dict:
     header = f"[bold]{config.model}[/] {config.setting}: {', '.join(config.run_methods)}"
     if "lookahead" in config.run_methods:  # the shape is news only when lookahead runs
         header += f"; lookahead {shape_label(asdict(shape))}"
-    console.print(header + (", with memory of earlier answers" if config.options.memory else ""))
+    if config.options.memory:
+        header += ", with memory of earlier answers"
+    if config.options.datastore:
+        header += f", datastore {config.options.datastore}"
+    console.print(header)
     columns = (
         TextColumn("{task.description}"),
         BarColumn(),

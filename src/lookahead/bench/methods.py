@@ -27,7 +27,8 @@ import lookahead
 from lookahead.api import METHOD_OPTIONS
 from lookahead.config import DraftConfig, LookaheadConfig, PromptLookupConfig
 from lookahead.datasets import encode_prompt
-from lookahead.memory import TextMemory
+from lookahead.datastore import Datastore
+from lookahead.memory import MEMORY_METHODS, TextMemory
 
 HF_METHODS = ("hf", "hf_prompt_lookup", "hf_assisted")
 OUR_METHODS = ("autoregressive", "lookahead", "prompt_lookup", "draft")
@@ -59,6 +60,8 @@ class MethodOptions:
     memory: our lookahead and prompt lookup copy from their own earlier outputs in the run
         (a ``TextMemory`` per method, filled after the warm-up, so a prompt never sees its
         own answer).
+    datastore: our lookahead and prompt lookup also copy from this corpus ("stdlib" or a
+        file or folder of text, see ``lookahead.datastore.load_datastore``); None: none.
     """
 
     lookahead: LookaheadConfig = field(default_factory=LookaheadConfig)
@@ -66,6 +69,7 @@ class MethodOptions:
     draft: DraftConfig = field(default_factory=DraftConfig)
     hf_prompt_lookup_tokens: int = 10
     memory: bool = False
+    datastore: str | None = None
 
 
 class _StepClock(BaseStreamer):
@@ -94,24 +98,25 @@ def measure(
     draft_model=None,
     pad_token_id: int | None = None,
     memory: TextMemory | None = None,
+    datastore: Datastore | None = None,
 ) -> Measurement:
     """Generate ``input_ids`` ([1, L]) greedily with ``method`` and time it (``memory``: the
-    method's ``TextMemory``, for the methods that take one)."""
+    method's ``TextMemory``, and ``datastore``, for the methods that take them)."""
     if method in HF_METHODS:
         return _measure_hf(
             method, model, input_ids, max_new_tokens, options, draft_model, pad_token_id
         )
-    return _measure_ours(method, model, input_ids, max_new_tokens, options, draft_model, memory)
-
-
-def _measure_ours(
-    method, model, input_ids, max_new_tokens, options, draft_model, memory
-) -> Measurement:
     kwargs = _our_options(method, options)
     if method == "draft":
         kwargs["draft_model"] = draft_model
     if memory is not None:
         kwargs["memory"] = memory
+    if datastore is not None and method in MEMORY_METHODS:
+        kwargs["datastore"] = datastore
+    return _measure_ours(method, model, input_ids, max_new_tokens, kwargs)
+
+
+def _measure_ours(method, model, input_ids, max_new_tokens, kwargs: dict) -> Measurement:
     result = lookahead.generate(model, input_ids, max_new_tokens, method, **kwargs)
     stats = result.stats
     return Measurement(

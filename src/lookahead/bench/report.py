@@ -139,7 +139,8 @@ def markdown_table(results: dict) -> str:
         + (f", draft {config['draft_model']}" if config.get("draft_model") else "")
         + f", greedy, up to {config['max_new_tokens']} new tokens, "
         f"{config['environment']['threads']} threads"
-        + (", memory of earlier answers on" if config.get("options", {}).get("memory") else ""),
+        + (", memory of earlier answers on" if config.get("options", {}).get("memory") else "")
+        + (f", datastore {store}" if (store := config.get("options", {}).get("datastore")) else ""),
     ]
     for dataset, rows in results["summary"].items():
         best = rows[0]["best_baseline_dtype"] if rows else None

@@ -38,6 +38,7 @@ from lookahead.bench.methods import (
 from lookahead.bench.report import PACKED, summarise
 from lookahead.config import check_int
 from lookahead.datasets import BUNDLED_DATASETS, encode_prompt, load_prompts
+from lookahead.datastore import Datastore, load_datastore
 from lookahead.memory import MEMORY_METHODS, TextMemory
 from lookahead.models import DEFAULT_MODEL, load_model, resolve_dtype
 
@@ -137,6 +138,7 @@ class _Loaded:
     tokenizer: object
     draft: torch.nn.Module | None
     pad_token_id: int | None
+    datastore: Datastore | None = None
 
 
 def run_benchmark(config: BenchConfig, progress: Progress | None = None) -> dict:
@@ -185,6 +187,7 @@ def _run(config, loaded: _Loaded, method, dtype, input_ids, max_new_tokens, memo
         draft_model=loaded.draft,
         pad_token_id=loaded.pad_token_id,
         memory=memory,
+        datastore=loaded.datastore,
     )
 
 
@@ -223,7 +226,11 @@ def _load(config: BenchConfig) -> _Loaded:
     pad = getattr(tokenizer, "pad_token_id", None)
     if pad is None:
         pad = getattr(tokenizer, "eos_token_id", None)
-    return _Loaded(models, tokenizer, draft, pad)
+    datastore = None
+    if config.options.datastore is not None:
+        datastore = load_datastore(config.options.datastore, tokenizer,
+                                   cache_dir=config.cache_dir)
+    return _Loaded(models, tokenizer, draft, pad, datastore)
 
 
 def _describe(config: BenchConfig) -> dict:

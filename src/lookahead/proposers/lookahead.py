@@ -27,6 +27,7 @@ import torch
 
 from lookahead.attention import Branch
 from lookahead.config import LookaheadConfig
+from lookahead.datastore import Datastore
 from lookahead.memory import TextMemory
 from lookahead.proposers.base import Proposal, StepOutcome
 from lookahead.proposers.prompt_lookup import CopyLength, find_continuation
@@ -151,14 +152,17 @@ class LookaheadProposer:
     """Per-request lookahead state: the Jacobi window and the n-gram pool.
 
     ``memory``: earlier requests' texts, copied from when this text has no match (shared, not
-    per request; see ``lookahead.memory``).
+    per request; see ``lookahead.memory``); ``datastore``: a corpus copied from when neither
+    has one (see ``lookahead.datastore``).
     """
 
     def __init__(
-        self, config: LookaheadConfig, seed: int = 0, memory: TextMemory | None = None
+        self, config: LookaheadConfig, seed: int = 0, memory: TextMemory | None = None,
+        datastore: Datastore | None = None,
     ) -> None:
         self.config = config
         self.memory = memory
+        self.datastore = datastore
         self._random = random.Random(seed)
         self.pool = NGramPool(config.ngram, config.guess)
         self.levels: list[list[int]] = []
@@ -211,12 +215,14 @@ class LookaheadProposer:
 
     def _copy(self, context: list[int], length: int) -> list[int]:
         """Up to ``length`` tokens that followed the text's last n-gram earlier, else in
-        the memory; [] when lookup is off or nothing matches."""
+        the memory, else in the datastore; [] when lookup is off or nothing matches."""
         if self.config.lookup_ngram < 2:
             return []
         match = find_continuation(context, self.config.lookup_ngram, 2, length)
         if not match and self.memory is not None:
             match = self.memory.find(context, length)
+        if not match and self.datastore is not None:
+            match = self.datastore.find(context, length)
         return match
 
     def update(self, context: list[int], outcome: StepOutcome) -> None:

@@ -8,6 +8,7 @@ import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
 from lookahead.config import PromptLookupConfig
+from lookahead.datastore import Datastore
 from lookahead.memory import TextMemory
 from lookahead.proposers.base import Proposal, StepOutcome
 
@@ -68,11 +69,15 @@ class CopyLength:
 
 class PromptLookupProposer:
     """Proposes one candidate copied from earlier text (prompt and output alike), else from
-    ``memory``, the texts of earlier requests (see ``lookahead.memory``)."""
+    ``memory``, the texts of earlier requests (see ``lookahead.memory``), else from
+    ``datastore``, a corpus (see ``lookahead.datastore``)."""
 
-    def __init__(self, config: PromptLookupConfig, memory: TextMemory | None = None) -> None:
+    def __init__(self, config: PromptLookupConfig, memory: TextMemory | None = None,
+                 datastore: Datastore | None = None) -> None:
         self.config = config
         self.memory = memory
+        self.datastore = datastore
+        self._sources = [s for s in (memory, datastore) if s is not None]
         self.length = CopyLength(config.num_draft_tokens, config.max_draft_tokens)
         self._copied: list[int] = []  # this step's copy
 
@@ -85,12 +90,13 @@ class PromptLookupProposer:
         if length <= 0:
             return Proposal()
         cfg = self.config
-        if self.memory is None:
+        if not self._sources:
             match = find_continuation(context, cfg.max_ngram, cfg.min_ngram, length)
         else:
-            # A 1-gram matches almost always, and guesses worse than the memory's n-grams.
+            # A 1-gram matches almost always, and guesses worse than the sources' n-grams.
             match = find_continuation(context, cfg.max_ngram, max(cfg.min_ngram, 2), length)
-            match = match or self.memory.find(context, length)
+            for source in self._sources:
+                match = match or source.find(context, length)
             if not match and cfg.min_ngram == 1:
                 match = find_continuation(context, 1, 1, length)
         self._copied = match

@@ -109,6 +109,9 @@ def create_app(engine: Engine, settings: ServerSettings) -> FastAPI:
         memory = settings.method_options.get("memory")
         if memory is not None:  # `serve --memory`: how much earlier text it holds
             body["memory_tokens"] = len(memory)
+        datastore = settings.method_options.get("datastore")
+        if datastore is not None:  # `serve --datastore`: the corpus's size
+            body["datastore_tokens"] = len(datastore)
         return JSONResponse(body, status_code=status)
 
     @app.get("/v1/models")
@@ -192,7 +195,7 @@ def _decoder(engine: Engine, settings: ServerSettings, body, input_ids, chat: bo
 
 
 _BODY_SAMPLING = ("do_sample", "temperature", "top_k", "top_p", "seed")
-_SERVER_ONLY = ("draft_model", "eos_token_id", "memory", "workload")
+_SERVER_ONLY = ("draft_model", "eos_token_id", "memory", "datastore", "workload")
 
 
 def _method_options(settings: ServerSettings, body) -> tuple[str, dict]:

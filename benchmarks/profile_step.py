@@ -53,19 +53,8 @@ def timed_step(decoder, clock: Clock) -> None:
     clock.lap("1b token tree (trie)")
     layout = layout_step(tree, proposal.branch, position=past)
     clock.lap("1c layout (ids, positions, visibility)")
-    mask = attention_mask(model.config, layout.visible, past, layout.position_ids, model.dtype)
-    keep = layout.logit_rows
-    clock.lap("2a 4D mask [1,1,T,past+T]")
-    out = model(
-        input_ids=layout.input_ids,
-        position_ids=layout.position_ids,
-        attention_mask=mask,
-        **{decoder.cache_keyword: decoder.cache},
-        use_cache=True,
-        logits_to_keep=keep,
-    )
-    clock.lap("2b model forward")
-    logits = out.logits[0]
+    logits = decoder._forward(layout, past)  # the 4D mask (if any) and the model
+    clock.lap("2 mask + model forward")
     # finish() verifies, commits, records stats, then calls proposer.update (timed apart by
     # the wrapper that profile_phases installs) and returns the rows to keep.
     committed, rows = decoder.finish(StepPlan(proposal, tree, layout), logits)
@@ -149,15 +138,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prompt", type=int, default=0, help="HumanEval index (0)")
     parser.add_argument("--steps", type=positive_int, default=40)
     parser.add_argument("--threads", type=positive_int)
+    parser.add_argument("--packed", action="store_true", help="pack the weights for oneDNN")
     parser.add_argument("--pyinstrument", action="store_true")
     args = parser.parse_args(argv)
     apply_threads(args.threads)
-    model, tokenizer = load_model(args.model, args.dtype)
+    model, tokenizer = load_model(args.model, args.dtype, packed_weights=args.packed)
     prompt = load_prompts("humaneval", args.prompt + 1)[args.prompt]
     input_ids = encode_prompt(tokenizer, prompt)
     profile_phases(model, input_ids, args.shape, 5)  # warm-up
     samples = profile_phases(model, input_ids, args.shape, args.steps)
-    steps = len(samples["2b model forward"])
+    steps = len(samples["2 mask + model forward"])
     print(
         f"{args.model} {args.dtype}, W,N,G={args.shape}, {torch.get_num_threads()} threads, "
         f"prompt {prompt.id} ({input_ids.shape[1]} tokens), {steps} steps"

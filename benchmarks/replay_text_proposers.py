@@ -9,11 +9,13 @@ speed-up over one-token decoding. This bounds what the text itself offers on a d
 lookahead window adds its own n-grams on top, at the cost of its W x (N - 1) tokens per step.
 
     python benchmarks/replay_text_proposers.py docs/results/qwen2.5-coder-1.5b-humaneval-hf-pld.json
+    python benchmarks/replay_text_proposers.py RESULTS.json --datastore stdlib --window-tokens 1
 
 Prints, per proposer: tokens per decoding step, mean tokens fed per step and, when the model has
 a saved profile, the predicted speed-up (one-token cost x tokens / sum of each step's cost).
 Proposers "+ memory" also copy from the earlier outputs (``lookahead.TextMemory``, as
-``lookahead bench --memory``). The last row is an oracle: each step takes the longest match of
+``lookahead bench --memory``), and with ``--datastore`` the rows "+ datastore" also from a
+corpus (``lookahead.Datastore``). The last row is an oracle: each step takes the longest match of
 the true continuation among everything that followed an earlier x0 in the text, a bound for
 any proposer that copies from the text alone.
 """
@@ -28,6 +30,7 @@ from pathlib import Path
 from lookahead.attention import TokenTree
 from lookahead.bench.args import quiet_loading
 from lookahead.bench.tune import cost_at, load_profile
+from lookahead.datastore import Datastore
 from lookahead.config import LookaheadConfig, PromptLookupConfig
 from lookahead.datasets import encode_prompt, load_prompts
 from lookahead.memory import TextMemory
@@ -95,7 +98,8 @@ def oracle(texts: list[tuple[list[int], list[int]]]) -> tuple[int, list[int]]:
     return tokens, fed
 
 
-def proposers(window_tokens: int) -> dict[str, tuple[object, int]]:
+def proposers(window_tokens: int, datastore: Datastore | None = None,
+              lookup_tokens: int = 8) -> dict[str, tuple[object, int]]:
     """The text-only proposers to replay, by name, with the extra tokens each step feeds."""
     table: dict[str, tuple[object, int]] = {
         f"ours prompt lookup, {n} tokens": (PromptLookupProposer(PromptLookupConfig(n)), 0)
@@ -112,9 +116,14 @@ def proposers(window_tokens: int) -> dict[str, tuple[object, int]]:
                                                               window_tokens)
     table["ours prompt lookup, 10 tokens + memory"] = (
         PromptLookupProposer(PromptLookupConfig(10), memory=TextMemory()), 0)
-    config = LookaheadConfig(window=1, ngram=4, guess=2)
-    table[f"lookahead N4 G2 pool + lookup + memory + {window_tokens} window tokens"] = (
-        LookaheadProposer(config, memory=TextMemory()), window_tokens)
+    config = LookaheadConfig(window=1, ngram=4, guess=2, lookup_tokens=lookup_tokens)
+    name = f"lookahead N4 G2 L{lookup_tokens} pool + lookup + memory + {window_tokens} window tokens"
+    table[name] = (LookaheadProposer(config, memory=TextMemory()), window_tokens)
+    if datastore is not None:
+        table["ours prompt lookup, 10 tokens + memory + datastore"] = (PromptLookupProposer(
+            PromptLookupConfig(10), memory=TextMemory(), datastore=datastore), 0)
+        table[name + " + datastore"] = (
+            LookaheadProposer(config, memory=TextMemory(), datastore=datastore), window_tokens)
     return table
 
 
@@ -124,16 +133,29 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--baseline", default="hf", help="the method whose outputs to replay")
     parser.add_argument("--window-tokens", type=int, default=8,
                         help="tokens of the window to add to the fed count (W2 N5: 8)")
+    parser.add_argument("--datastore", help="also replay with a datastore: 'stdlib' (the Python "
+                        "standard library) or a file or folder of text")
+    parser.add_argument("--lookup-tokens", type=int, default=8,
+                        help="lookahead's first copy length, L (8)")
     args = parser.parse_args(argv)
     results = json.loads(args.results.read_text(encoding="utf-8"))
     config = results["config"]
     quiet_loading(args)
     _, tokenizer = load_model(config["model"], config["dtype"])
+    datastore = None
+    if args.datastore == "stdlib":
+        datastore = Datastore.python_stdlib(tokenizer)
+    elif args.datastore:
+        datastore = Datastore.from_files(tokenizer, [args.datastore])
     texts = []
+    setting = config.get("setting", config["dtype"])
     for dataset in config["datasets"]:
         prompts = {p.id: p for p in load_prompts(dataset, config["limit"])}
         for run in results["runs"]:
-            if run["dataset"] == dataset and run["method"] == args.baseline:
+            # With --baseline-dtypes the baseline ran once per setting: replay one of them,
+            # or the memory proposers would see every output twice.
+            if (run["dataset"] == dataset and run["method"] == args.baseline
+                    and run.get("dtype", setting) == setting):
                 ids = encode_prompt(tokenizer, prompts[run["prompt"]])[0].tolist()
                 texts.append((ids, run["tokens"]))
     if not texts:
@@ -145,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{'profile of ' + profile['created'] if profile else 'none saved'}\n")
     print("| proposer | tokens/step | fed tokens/step | predicted speed-up |")
     print("|---|--:|--:|--:|")
-    for name, (proposer, extra) in proposers(args.window_tokens).items():
+    for name, (proposer, extra) in proposers(args.window_tokens, datastore, args.lookup_tokens).items():
         tokens, fed = replay(proposer, texts, extra)
         speed = "-"
         if curve is not None:

@@ -37,8 +37,6 @@ logger = logging.getLogger(__name__)
 
 # Folders of the standard library that are not the standard library's own code.
 _NOT_STDLIB = ("site-packages", "dist-packages")
-
-
 # The index keys every 3-gram; a shorter suffix is a range of those keys.
 _INDEXED = 3
 

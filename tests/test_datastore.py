@@ -9,6 +9,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from tiny import reference
 
 import lookahead
 from lookahead import Datastore, TextMemory
@@ -218,14 +219,12 @@ def test_proposers_copy_from_the_datastore_when_text_and_memory_have_no_match() 
 def test_copying_from_a_datastore_keeps_the_exact_output(tiny_lm, method) -> None:
     model = tiny_lm("llama")
     ids = torch.randint(0, model.config.vocab_size, (1, 7), generator=torch.Generator().manual_seed(3))
-    with torch.no_grad():
-        reference = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
-                                   max_new_tokens=24)
-    store = Datastore(reference[0].tolist() + [0] + reference[0].tolist())
+    expected = reference(model, ids, 24)
+    store = Datastore(expected[0].tolist() + [0] + expected[0].tolist())
     plain = lookahead.generate(model, ids, 24, method)
     helped = lookahead.generate(model, ids, 24, method, datastore=store)
     for result in (plain, helped):
-        assert result.sequences.tolist() == reference.tolist()
+        assert result.sequences.tolist() == expected.tolist()
     assert helped.stats.steps < plain.stats.steps  # the answer is in the store
 
 

@@ -14,6 +14,8 @@ import pytest
 import torch
 import transformers
 
+from tiny import reference
+
 import lookahead
 from lookahead.api import make_decoder
 from lookahead.cache import cache_length
@@ -60,14 +62,6 @@ METHOD_CASES = {
 
 # Methods whose candidates come from the text itself: on an echo prompt they must accept some.
 COPYING_METHODS = ("lookahead", "lookahead-w3n3g2", "lookahead-growing-copy", "prompt_lookup")
-
-
-def reference(model, ids: torch.Tensor, max_new_tokens: int) -> torch.Tensor:
-    """Hugging Face greedy decoding: LongTensor [1, prompt_len + new]."""
-    with torch.no_grad():
-        return model.generate(
-            ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=max_new_tokens
-        )
 
 
 def first_difference(ours: torch.Tensor, theirs: torch.Tensor) -> str:

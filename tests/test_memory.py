@@ -6,6 +6,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from tiny import reference
 
 import lookahead
 from lookahead import TextMemory
@@ -121,15 +122,13 @@ def test_proposers_copy_from_memory_when_their_own_text_has_no_match() -> None:
 def test_a_second_request_copies_the_first_and_keeps_the_exact_output(tiny_lm, method) -> None:
     model = tiny_lm("llama")
     ids = torch.randint(0, model.config.vocab_size, (1, 7), generator=torch.Generator().manual_seed(3))
-    with torch.no_grad():
-        reference = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
-                                   max_new_tokens=24)
+    expected = reference(model, ids, 24)
     memory = TextMemory()
     first = lookahead.generate(model, ids, 24, method, memory=memory)
-    assert len(memory) == reference.shape[1]  # the finished text, prompt and output
+    assert len(memory) == expected.shape[1]  # the finished text, prompt and output
     second = lookahead.generate(model, ids, 24, method, memory=memory)
     for result in (first, second):
-        assert result.sequences.tolist() == reference.tolist()
+        assert result.sequences.tolist() == expected.tolist()
     # The whole answer is in memory now: the second request copies it in a few steps.
     assert second.stats.steps < first.stats.steps
     assert sum(second.stats.accepted_per_step) > sum(first.stats.accepted_per_step)

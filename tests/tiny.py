@@ -127,3 +127,11 @@ def save_tiny_chat_model(folder: Path, *, max_positions: int = 256) -> Path:
         pad_token_id=None,
         tie_word_embeddings=False,
     )
+
+
+def reference(model, ids: torch.Tensor, max_new_tokens: int) -> torch.Tensor:
+    """Hugging Face greedy decoding: LongTensor [1, prompt_len + new]."""
+    with torch.no_grad():
+        return model.generate(
+            ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=max_new_tokens
+        )

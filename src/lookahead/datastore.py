@@ -213,12 +213,18 @@ class Datastore:
 def load_datastore(spec: str, tokenizer, *, cache_dir: str | Path | None = None) -> Datastore:
     """The datastore a command line names: ``"stdlib"`` (the Python standard library) or a
     file or folder of text."""
+    check_spec(spec)
     if spec == "stdlib":
         return Datastore.python_stdlib(tokenizer, cache_dir=cache_dir)
-    if not Path(spec).exists():
+    return Datastore.from_files(tokenizer, [spec], cache_dir=cache_dir)
+
+
+def check_spec(spec: str) -> None:
+    """Raise FileNotFoundError unless ``spec`` is "stdlib" or an existing path (a command
+    checks this before it loads a model)."""
+    if spec != "stdlib" and not Path(spec).exists():
         raise FileNotFoundError(f"datastore: expected 'stdlib' or a file or folder of text, "
                                 f"got {spec!r}, which does not exist")
-    return Datastore.from_files(tokenizer, [spec], cache_dir=cache_dir)
 
 
 def tokenize_documents(tokenizer, texts: list[str]) -> np.ndarray:

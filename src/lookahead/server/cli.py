@@ -13,7 +13,6 @@ import signal
 import threading
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 from lookahead.api import check_draft_model, resolve_auto_shape
 from lookahead.commands.common import (
@@ -25,7 +24,7 @@ from lookahead.commands.common import (
     load_named,
     set_handler,
 )
-from lookahead.datastore import load_datastore
+from lookahead.datastore import check_spec, load_datastore
 from lookahead.memory import DEFAULT_CAPACITY, MEMORY_METHODS, TextMemory
 
 logger = logging.getLogger(__name__)
@@ -102,9 +101,11 @@ def run_serve(args: argparse.Namespace) -> int:
         if value and args.method not in MEMORY_METHODS:
             raise UsageError(flag, f"applies to --method {' or '.join(MEMORY_METHODS)}, "
                              f"not {args.method}")
-    if args.datastore and args.datastore != "stdlib" and not Path(args.datastore).exists():
-        raise UsageError("--datastore", f"expected 'stdlib' or a file or folder of text, got "
-                         f"{args.datastore!r}, which does not exist")  # before the slow load
+    if args.datastore:
+        try:
+            check_spec(args.datastore)  # before the slow load
+        except FileNotFoundError as error:
+            raise UsageError("--datastore", str(error)) from None
     # A draft model serves requests that ask for method "draft", whatever the default method.
     draft_name = args.draft_model
     if args.method != "draft":

@@ -29,6 +29,7 @@ from lookahead.bench.report import markdown_table, write_results
 from lookahead.bench.runner import BenchConfig, run_benchmark
 from lookahead.bench.tune import shape_label
 from lookahead.config import DraftConfig, LookaheadConfig, PromptLookupConfig
+from lookahead.datastore import check_spec
 
 logger = logging.getLogger(__name__)
 
@@ -99,6 +100,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def config_from_args(args: argparse.Namespace) -> BenchConfig:
     """The ``BenchConfig`` the arguments ask for (``--shape auto`` read from the profile)."""
+    if args.datastore:
+        check_spec(args.datastore)  # before the models load
     shape = shape_from_args(args)
     options = MethodOptions(
         lookahead=LookaheadConfig(**shape),

@@ -105,7 +105,7 @@ def run_serve(args: argparse.Namespace) -> int:
         try:
             check_spec(args.datastore)  # before the slow load
         except FileNotFoundError as error:
-            raise UsageError("--datastore", str(error)) from None
+            raise UsageError("--datastore", str(error).removeprefix("datastore: ")) from None
     # A draft model serves requests that ask for method "draft", whatever the default method.
     draft_name = args.draft_model
     if args.method != "draft":

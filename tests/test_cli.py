@@ -211,16 +211,40 @@ def test_serve_memory_needs_a_method_that_copies(tiny_folder, capsys) -> None:
     assert "argument --memory" in err and "lookahead or prompt_lookup" in err
 
 
+@pytest.mark.parametrize("command", [["generate", PROMPT], ["chat"], ["serve"]])
 @pytest.mark.parametrize("argv, message", [
     (["--method", "autoregressive", "--datastore", "stdlib"], "lookahead or prompt_lookup"),
     (["--method", "lookahead", "--datastore", "/no/such/corpus"], "expected 'stdlib' or a file"),
 ])
-def test_serve_datastore_is_checked_before_loading(tiny_folder, capsys, argv, message) -> None:
+def test_datastore_is_checked_before_loading(capsys, monkeypatch, command, argv, message) -> None:
+    def no_loading(*args, **kwargs):
+        raise AssertionError("the model was loaded before --datastore was checked")
+
+    monkeypatch.setattr("lookahead.commands.common.load_model", no_loading)
     with pytest.raises(SystemExit) as info:
-        main(["serve", "--model", str(tiny_folder), *argv])
+        main([command[0], "--model", "some-model", *argv, *command[1:]])
     assert info.value.code == 2
     err = capsys.readouterr().err
     assert "argument --datastore" in err and message in err
+
+
+@pytest.mark.parametrize("method", ["lookahead", "prompt_lookup"])
+def test_generate_copies_from_a_datastore_file_and_prints_the_same_text(
+        tiny_folder, capsys, monkeypatch, tmp_path, method) -> None:
+    """A corpus holding the answer: the same text in fewer steps."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))  # the tokens' cache
+    monkeypatch.setenv("HOME", str(tmp_path))
+    argv = ["generate", "--model", str(tiny_folder), "--dtype", "float64", "--method", method,
+            "--stats", "--max-new-tokens", "24", PROMPT]
+    code, plain, plain_err = run_cli(argv, capsys)
+    assert code == 0
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text(f"{PROMPT} {plain.strip()}\n" * 2)
+    code, helped, helped_err = run_cli([*argv[:-1], "--datastore", str(corpus), PROMPT], capsys)
+    assert code == 0
+    assert helped == plain
+    steps = [json.loads(err.strip().splitlines()[-1])["steps"] for err in (plain_err, helped_err)]
+    assert steps[1] < steps[0]
 
 
 def test_serve_answers_then_stops_on_sigterm(tiny_folder, tiny) -> None:

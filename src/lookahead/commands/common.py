@@ -35,6 +35,8 @@ from lookahead.config import (
     METHODS,
     check_workload,
 )
+from lookahead.datastore import check_spec, load_datastore
+from lookahead.memory import MEMORY_METHODS
 from lookahead.models import DEFAULT_MODEL, ModelNotAvailableError, load_model, resolve_dtype
 from lookahead.stats import GenerationStats
 
@@ -242,6 +244,13 @@ def add_method_args(parser: argparse.ArgumentParser, *, default: str = "lookahea
     group.add_argument(
         "--draft-model", metavar="NAME", help="draft: the small model (same vocabulary)"
     )
+    group.add_argument(
+        "--datastore",
+        metavar="stdlib|PATH",
+        help="lookahead, prompt_lookup: also copy from this corpus where the text itself has "
+        "no match: 'stdlib' (the Python standard library) or a file or folder of text "
+        "(tokenized once, then cached)",
+    )
     sampling = parser.add_argument_group("sampling (default: greedy)")
     sampling.add_argument(
         "--sample", action="store_true", help="sample instead of taking the most likely token"
@@ -312,6 +321,7 @@ def method_options(args: argparse.Namespace, draft_model: Any = None) -> dict[st
             options["draft_model"] = draft_model
     elif getattr(args, "draft_model", None):
         raise UsageError("--draft-model", f"applies to --method draft, not {args.method}")
+    check_datastore_arg(args)
     if getattr(args, "sample", False):
         options["do_sample"] = True
     for name in _SAMPLING_OPTIONS:
@@ -322,6 +332,20 @@ def method_options(args: argparse.Namespace, draft_model: Any = None) -> dict[st
             raise UsageError(_flag(name), "needs --sample (decoding is greedy without it)")
         options[name] = value
     return options
+
+
+def check_datastore_arg(args: argparse.Namespace) -> None:
+    """``--datastore`` names a corpus that exists, for a method that copies from one."""
+    spec = getattr(args, "datastore", None)
+    if not spec:
+        return
+    if args.method not in MEMORY_METHODS:
+        raise UsageError("--datastore", f"applies to --method {' or '.join(MEMORY_METHODS)}, "
+                         f"not {args.method}")
+    try:
+        check_spec(spec)
+    except FileNotFoundError as error:
+        raise UsageError("--datastore", str(error).removeprefix("datastore: ")) from None
 
 
 # ----------------------------------------------------------------------------- running
@@ -369,6 +393,11 @@ def load(args: argparse.Namespace) -> Loaded:
         except ValueError as error:
             raise UsageError("--draft-model", str(error)) from None
     options = method_options(args, draft) if has_method else {}
+    if getattr(args, "datastore", None):
+        try:  # read-only: one corpus serves every request of the process
+            options["datastore"] = load_datastore(args.datastore, tokenizer)
+        except (ValueError, FileNotFoundError) as error:
+            raise UsageError("--datastore", str(error)) from None
     return Loaded(model, tokenizer, options)
 
 

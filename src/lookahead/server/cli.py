@@ -24,7 +24,6 @@ from lookahead.commands.common import (
     load_named,
     set_handler,
 )
-from lookahead.datastore import check_spec, load_datastore
 from lookahead.memory import DEFAULT_CAPACITY, MEMORY_METHODS, TextMemory
 
 logger = logging.getLogger(__name__)
@@ -64,9 +63,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     group.add_argument("--memory", action="store_true",
                        help="lookahead and prompt lookup also copy from the texts of earlier "
                        f"requests (kept in the server's memory, at most {DEFAULT_CAPACITY} tokens)")
-    group.add_argument("--datastore", metavar="stdlib|PATH",
-                       help="lookahead and prompt lookup also copy from this corpus: 'stdlib' "
-                       "(the Python standard library) or a file or folder of text")
     group.add_argument("--no-warmup", action="store_true",
                        help="skip the warm-up before serving: one forward pass of every step "
                        "size and prefill length, and a short generation (they take the "
@@ -97,15 +93,9 @@ def run_serve(args: argparse.Namespace) -> int:
             flag = "--" + name.replace("_", "-")
             raise UsageError(flag, "sampling is chosen per request (temperature, top_p, seed "
                              "in the request body)")
-    for flag, value in (("--memory", args.memory), ("--datastore", args.datastore)):
-        if value and args.method not in MEMORY_METHODS:
-            raise UsageError(flag, f"applies to --method {' or '.join(MEMORY_METHODS)}, "
-                             f"not {args.method}")
-    if args.datastore:
-        try:
-            check_spec(args.datastore)  # before the slow load
-        except FileNotFoundError as error:
-            raise UsageError("--datastore", str(error).removeprefix("datastore: ")) from None
+    if args.memory and args.method not in MEMORY_METHODS:
+        raise UsageError("--memory", f"applies to --method {' or '.join(MEMORY_METHODS)}, "
+                         f"not {args.method}")
     # A draft model serves requests that ask for method "draft", whatever the default method.
     draft_name = args.draft_model
     if args.method != "draft":
@@ -132,11 +122,6 @@ def run_serve(args: argparse.Namespace) -> int:
     warm_up_options = None if args.no_warmup else dict(options)  # no memory: not a request
     if args.memory:
         options["memory"] = TextMemory()
-    if args.datastore:
-        try:
-            options["datastore"] = load_datastore(args.datastore, tokenizer)
-        except (ValueError, FileNotFoundError) as error:
-            raise UsageError("--datastore", str(error)) from None
     settings = ServerSettings(args.served_model_name or args.model, args.method, options, draft)
     server = uvicorn.Server(uvicorn.Config(
         create_app(engine, settings), host=args.host, port=args.port,

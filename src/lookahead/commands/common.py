@@ -334,14 +334,19 @@ def method_options(args: argparse.Namespace, draft_model: Any = None) -> dict[st
     return options
 
 
+def check_copying_method(flag: str, method: str) -> None:
+    """``flag`` (``--memory``, ``--datastore``) needs a method that copies from earlier text."""
+    if method not in MEMORY_METHODS:
+        raise UsageError(flag, f"applies to --method {' or '.join(MEMORY_METHODS)}, "
+                         f"not {method}")
+
+
 def check_datastore_arg(args: argparse.Namespace) -> None:
     """``--datastore`` names a corpus that exists, for a method that copies from one."""
     spec = getattr(args, "datastore", None)
     if not spec:
         return
-    if args.method not in MEMORY_METHODS:
-        raise UsageError("--datastore", f"applies to --method {' or '.join(MEMORY_METHODS)}, "
-                         f"not {args.method}")
+    check_copying_method("--datastore", args.method)
     try:
         check_spec(spec)
     except FileNotFoundError as error:

@@ -19,12 +19,13 @@ from lookahead.commands.common import (
     UsageError,
     add_method_args,
     add_model_args,
+    check_copying_method,
     int_in,
     load,
     load_named,
     set_handler,
 )
-from lookahead.memory import DEFAULT_CAPACITY, MEMORY_METHODS, TextMemory
+from lookahead.memory import DEFAULT_CAPACITY, TextMemory
 
 logger = logging.getLogger(__name__)
 
@@ -93,9 +94,8 @@ def run_serve(args: argparse.Namespace) -> int:
             flag = "--" + name.replace("_", "-")
             raise UsageError(flag, "sampling is chosen per request (temperature, top_p, seed "
                              "in the request body)")
-    if args.memory and args.method not in MEMORY_METHODS:
-        raise UsageError("--memory", f"applies to --method {' or '.join(MEMORY_METHODS)}, "
-                         f"not {args.method}")
+    if args.memory:
+        check_copying_method("--memory", args.method)
     # A draft model serves requests that ask for method "draft", whatever the default method.
     draft_name = args.draft_model
     if args.method != "draft":

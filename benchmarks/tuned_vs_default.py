@@ -14,6 +14,12 @@ tuner has not seen.
     # One profile per data set, each tuned on that data set alone:
     lookahead tune --model smollm2-135m --threads 2 --dataset gsm8k --workload gsm8k  # etc.
     python benchmarks/tuned_vs_default.py --threads 2 --per-dataset
+
+    # Tuned and compared with the standard library as a datastore (both shapes copy from it):
+    lookahead tune --model smollm2-135m --threads 2 --dataset humaneval --workload humaneval \
+        --datastore stdlib
+    python benchmarks/tuned_vs_default.py --threads 2 --per-dataset --datasets humaneval \
+        --datastore stdlib
 """
 
 from __future__ import annotations
@@ -25,7 +31,9 @@ from lookahead.bench.args import add_comparison_arguments, apply_threads, quiet_
 from lookahead.bench.methods import MethodOptions, measure_in_turn
 from lookahead.bench.tune import DEFAULT_SHAPE, load_profile, resolve_shape
 from lookahead.bench.tune import shape_label as shape_name
+from lookahead.commands.common import add_datastore_arg
 from lookahead.config import LookaheadConfig
+from lookahead.datastore import check_spec, load_datastore
 from lookahead.datasets import Prompt, load_prompts, spread
 from lookahead.models import load_model
 from lookahead.packing import apply_packing
@@ -40,12 +48,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--spread", action="store_true",
                         help="take the LIMIT prompts spread across the rest of each set, as the "
                         "tuner samples, not the first ones after SKIP")
+    add_datastore_arg(parser, "lookahead, in both shapes, also copies")
     parser.add_argument("--per-dataset", action="store_true",
                         help="tuned = each data set's own profile (`lookahead tune --dataset D "
                         "--workload D`), not the general one")
     args = parser.parse_args(argv)
     if args.skip < 0:
         parser.error(f"--skip must be 0 or more, got {args.skip}")
+    if args.datastore:
+        try:
+            check_spec(args.datastore)
+        except FileNotFoundError as error:
+            parser.error(f"argument --datastore: {error}")
     apply_threads(args.threads)
     quiet_loading(args)
     workloads = {d: d if args.per_dataset else None for d in args.datasets}
@@ -55,6 +69,9 @@ def main(argv: list[str] | None = None) -> int:
             flag = f" --workload {workloads[dataset]}" if workloads[dataset] else ""
             parser.error(f"no tuning profile for {args.model} ({args.dtype}){flag}: "
                          f"run `lookahead tune{flag}`")
+        if profile.get("datastore") != args.datastore:
+            print(f"note: the {dataset} profile was tuned with datastore "
+                  f"{profile.get('datastore')}, this run has {args.datastore}", file=sys.stderr)
     # dataset -> label -> shape
     shapes = {d: {"default": dict(DEFAULT_SHAPE),
                   "tuned": resolve_shape(args.model, args.dtype, workload=w)}
@@ -62,12 +79,13 @@ def main(argv: list[str] | None = None) -> int:
     model, tokenizer = load_model(args.model, args.dtype)
     # The weights the commands would run on; the title says which.
     args.packed_weights = apply_packing(model, args.packed_weights)
+    datastore = load_datastore(args.datastore, tokenizer) if args.datastore else None
     prompts = {d: held_out(load_prompts(d), profiles[d], d, args.skip, args.limit, args.spread)
                for d in args.datasets}
     runs = {d: runs_of(shapes[d]) for d in args.datasets}
     totals = measure_in_turn(model, tokenizer, prompts, runs, args.max_new_tokens,
                              progress=lambda d, p: print(f"done {d} {p.id}", file=sys.stderr,
-                                                         flush=True))
+                                                         flush=True), datastore=datastore)
     print(report(args, shapes, totals, prompts))
     return 0
 
@@ -98,7 +116,9 @@ def report(args, shapes, totals, prompts) -> str:
         f"{args.limit} prompts of each data set {'spread across' if args.spread else 'from'} "
         f"prompt {args.skip + 1} on, leaving out "
         f"the tuner's ({_ids(prompts)}), "
-        f"{args.max_new_tokens} new tokens, greedy; tuned = {tuned}, "
+        f"{args.max_new_tokens} new tokens, greedy"
+        + (f", datastore {args.datastore}" if args.datastore else "")
+        + f"; tuned = {tuned}, "
         f"default = {shape_name(DEFAULT_SHAPE)}"
     )
     lines = [

@@ -331,6 +331,37 @@ def test_tuner_ranks_shapes_prompt_by_prompt_against_the_default() -> None:
     assert versus_default(steady, dict(DEFAULT_SHAPE)) is None
 
 
+def test_tune_with_a_datastore_measures_the_shapes_copying_from_it(tiny, tmp_path, capsys) -> None:
+    """A corpus holding the sample prompts' answers: the tuner's runs copy from it (more tokens
+    per step than without it), and the profile says which corpus it was tuned with."""
+    model, tokenizer = lookahead.load_model(tiny["model"], dtype="float64")
+    corpus = tmp_path / "answers.txt"
+    with corpus.open("w") as out:
+        for prompt in PROMPTS:
+            ids = tokenizer(prompt["prompt"], return_tensors="pt")["input_ids"]
+            answer = lookahead.generate(model, ids, 16, "autoregressive").new_tokens[0]
+            out.write(f"{prompt['prompt']} {tokenizer.decode(answer)}\n")
+    argv = [
+        "tune", "--model", str(tiny["model"]), "--dtype", "float64", "--dataset",
+        str(tiny["prompts"]), "--limit", "2", "--max-new-tokens", "16", "--tokens", "1,8",
+        "--repeats", "1", "--shapes", "1x2x1", "--cache-dir", str(tmp_path / "cache"),
+    ]  # fmt: skip
+    per_step = {}
+    for extra in ((), ("--datastore", str(corpus))):
+        assert main([*argv, *extra]) == 0
+        header = capsys.readouterr().out.splitlines()[0]
+        assert (f", datastore {corpus}" in header) is bool(extra), header
+        profile = load_profile(str(tiny["model"]), "float64", cache_dir=tmp_path / "cache")
+        assert profile["datastore"] == (str(corpus) if extra else None)
+        per_step[bool(extra)] = profile["shapes"][0]["tokens_per_step"]
+    assert per_step[True] > per_step[False], per_step
+    # A corpus that is not there is refused before the model loads, naming the flag.
+    assert main([*argv, "--datastore", str(tmp_path / "nope")]) == 2
+    assert "datastore: expected 'stdlib' or a file or folder" in capsys.readouterr().err
+    with pytest.raises(FileNotFoundError, match="datastore: expected"):
+        TuneConfig(datastore=str(tmp_path / "nope"))
+
+
 def test_a_shape_may_carry_the_lookup_length_and_the_tuner_can_choose_it(tiny, capsys) -> None:
     cache, model = tiny["cache"] / "lookup", str(tiny["model"])
     argv = [

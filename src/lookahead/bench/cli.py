@@ -28,6 +28,7 @@ from lookahead.bench.methods import METHODS, MethodOptions
 from lookahead.bench.report import markdown_table, write_results
 from lookahead.bench.runner import BenchConfig, run_benchmark
 from lookahead.bench.tune import shape_label
+from lookahead.commands.common import add_datastore_arg
 from lookahead.config import DraftConfig, LookaheadConfig, PromptLookupConfig
 from lookahead.datastore import check_spec
 
@@ -87,12 +88,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="our lookahead and prompt lookup also copy from their earlier answers in the run",
     )
-    parser.add_argument(
-        "--datastore",
-        metavar="stdlib|PATH",
-        help="our lookahead and prompt lookup also copy from this corpus: 'stdlib' (the Python "
-        "standard library) or a file or folder of text (tokenized once, then cached)",
-    )
+    add_datastore_arg(parser, "our lookahead and prompt lookup also copy")
     parser.add_argument("--out", default="bench-out", help="output folder (default bench-out)")
     parser.add_argument("--no-warmup", action="store_true", help="skip the warm-up runs")
     parser.add_argument("--no-plots", action="store_true", help="skip the PNG plots")

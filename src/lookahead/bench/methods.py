@@ -191,27 +191,29 @@ Totals = dict[tuple[str, str], list[float]]
 
 
 def measure_in_turn(model, tokenizer, prompts: dict, runs: dict, max_new_tokens: int,
-                    progress=None) -> Totals:
+                    progress=None, datastore: Datastore | None = None) -> Totals:
     """Each prompt by every run in turn, prompt-major, so that a slow spell of the machine hits
     every run alike (it drifts by tens of percent within minutes).
 
     prompts: data set -> ``lookahead.datasets.Prompt`` list. runs: data set -> label ->
     (method, ``MethodOptions``); each distinct run is warmed up once, on the first prompt.
-    ``progress(dataset, prompt)`` is called after each prompt.
+    ``progress(dataset, prompt)`` is called after each prompt. ``datastore``: a corpus our
+    copying methods also copy from.
     """
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     warm = encode_prompt(tokenizer, next(iter(prompts.values()))[0])
     warmed = set()
     for run in (run for by_label in runs.values() for run in by_label.values()):
         if run not in warmed:
-            measure(run[0], model, warm, 32, run[1], pad_token_id=pad)
+            measure(run[0], model, warm, 32, run[1], pad_token_id=pad, datastore=datastore)
             warmed.add(run)
     totals: Totals = {}
     for dataset, items in prompts.items():
         for prompt in items:
             ids = encode_prompt(tokenizer, prompt)
             for label, (method, options) in runs[dataset].items():
-                m = measure(method, model, ids, max_new_tokens, options, pad_token_id=pad)
+                m = measure(method, model, ids, max_new_tokens, options, pad_token_id=pad,
+                            datastore=datastore)
                 forward = m.stats["mean_forward_tokens"] * m.steps if m.stats else m.steps
                 total = totals.setdefault((dataset, label), [0, 0.0, 0, 0.0])
                 for i, value in enumerate((m.new_tokens, m.seconds, m.steps, forward)):

@@ -58,6 +58,7 @@ from lookahead.attention import attention_mask
 from lookahead.cache import cache_keyword, new_cache
 from lookahead.config import LookaheadConfig, check_int, check_workload
 from lookahead.datasets import Prompt, encode_prompt, load_prompts, spread
+from lookahead.datastore import Datastore, check_spec, load_datastore
 from lookahead.models import DEFAULT_MODEL, default_cache_dir, load_model, resolve_dtype
 from lookahead.packing import apply_packing
 
@@ -102,7 +103,10 @@ class TuneConfig:
     most prompts; see ``choose_shape``). ``workload``: save the
     profile under this name (one kind of text, e.g. "code"), not as the model's general one.
     ``packed_weights``: tune on packed weights (``lookahead.packing``) as the commands run
-    them: True, False, or None where the model allows it."""
+    them: True, False, or None where the model allows it. ``datastore``: the shapes also copy
+    from this corpus ("stdlib" or a file or folder of text, see ``load_datastore``), as the
+    commands run with ``--datastore``: the copies it adds are forward tokens too, and can
+    move the best shape."""
 
     model: str = DEFAULT_MODEL
     dtype: str = "bfloat16"
@@ -118,9 +122,12 @@ class TuneConfig:
     cache_dir: str | None = None
     workload: str | None = None
     packed_weights: bool | None = None
+    datastore: str | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "dtype", str(resolve_dtype(self.dtype)).removeprefix("torch."))
+        if self.datastore is not None:
+            check_spec(self.datastore)  # before the model loads
         if self.workload is not None:
             check_workload(self.workload)
         if self.packed_weights and self.dtype != "bfloat16":
@@ -239,10 +246,11 @@ def token_cost_of(curve: Mapping, up_to: int = 32) -> float:
 
 
 def measure_shape(model, prompts: Mapping[str, list[torch.Tensor]], shape, max_new_tokens: int,
-                  curve, token_cost: float | None = None, step_overhead: float = 0.0) -> dict:
+                  curve, token_cost: float | None = None, step_overhead: float = 0.0,
+                  datastore: Datastore | None = None) -> dict:
     """Run lookahead with ``shape`` on ``prompts`` (data set -> prompts); its acceptance,
     timing and predicted speed (``predict``). ``token_cost``: the price at which the window
-    must pay (the default's when None).
+    must pay (the default's when None). ``datastore``: a corpus the shape also copies from.
 
     Decoding figures leave the prefill out: ``tokens_per_step`` is tokens after the first per
     decoding step. ``prompt_runs`` keeps, per data set and prompt, [tokens after the first,
@@ -258,7 +266,7 @@ def measure_shape(model, prompts: Mapping[str, list[torch.Tensor]], shape, max_n
         runs[name] = []
         for input_ids in inputs:
             stats = lookahead.generate(model, input_ids, max_new_tokens, "lookahead",
-                                       **options).stats
+                                       datastore=datastore, **options).stats
             decode_seconds += stats.seconds - stats.time_to_first_token
             step_tokens = stats.forward_tokens_per_step[1:]
             forward += step_tokens
@@ -323,6 +331,9 @@ def tune(config: TuneConfig, progress: Progress | None = None, save: bool = True
     """Measure the curve and the shapes, choose the best, save the profile; return it."""
     model, tokenizer = load_model(config.model, config.dtype, cache_dir=config.cache_dir)
     packed = apply_packing(model, config.packed_weights)  # tune what the commands will run
+    datastore = None
+    if config.datastore is not None:
+        datastore = load_datastore(config.datastore, tokenizer, cache_dir=config.cache_dir)
     samples = {name: sample_prompts(name, config.limit, config.sample)
                for name in config.datasets}
     prompts = {name: [encode_prompt(tokenizer, p) for p in sample]
@@ -336,10 +347,11 @@ def tune(config: TuneConfig, progress: Progress | None = None, save: bool = True
     for index, shape in enumerate(config.shapes, start=1):
         _report(progress, index, total, shape_label(shape))
         lookahead.generate(
-            model, first, min(config.max_new_tokens, 32), "lookahead", **shape_dict(shape)
+            model, first, min(config.max_new_tokens, 32), "lookahead", datastore=datastore,
+            **shape_dict(shape)
         )  # warm-up
         rows.append(measure_shape(model, prompts, shape, config.max_new_tokens, curve,
-                                  token_cost))
+                                  token_cost, datastore=datastore))
     _report(progress, total, total, "done")
     overhead = step_overhead_of(rows)
     rows = [predict(row, overhead) for row in rows]
@@ -356,6 +368,7 @@ def tune(config: TuneConfig, progress: Progress | None = None, save: bool = True
         transformers=transformers.__version__,
         dataset=config.dataset,
         workload=config.workload,
+        datastore=config.datastore,
         prompts=sum(len(inputs) for inputs in prompts.values()),
         sample=config.sample,
         prompt_ids={name: [p.id for p in sample] for name, sample in samples.items()},

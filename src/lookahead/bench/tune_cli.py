@@ -38,7 +38,7 @@ from lookahead.bench.tune import (
     tune,
     versus_default,
 )
-from lookahead.commands.common import float_in, int_in, workload_arg
+from lookahead.commands.common import add_datastore_arg, float_in, int_in, workload_arg
 from lookahead.config import MAX_DRAFT_TOKENS
 
 logger = logging.getLogger(__name__)
@@ -93,6 +93,7 @@ def register(subparsers) -> None:
                         help="save the profile under this name (e.g. code, tuned with --dataset "
                         "humaneval), read by --workload NAME of the other commands, instead of "
                         "as the model's general profile")
+    add_datastore_arg(parser, "the shapes also copy")
     parser.add_argument("--no-save", action="store_true", help="print, but save no profile")
     parser.set_defaults(func=run)
 
@@ -145,6 +146,7 @@ def run(args: argparse.Namespace) -> int:
             margin=args.margin,
             cache_dir=args.cache_dir,
             workload=args.workload,
+            datastore=args.datastore,
         )
         columns = (
             TextColumn("{task.description}"),
@@ -182,6 +184,7 @@ def profile_table(profile: dict) -> str:
             f"{profile['model']} {profile['dtype']} on {profile['device']}, "
             f"{profile['threads']} threads"
             + (f", workload {profile['workload']}" if profile.get("workload") else "")
+            + (f", datastore {profile['datastore']}" if profile.get("datastore") else "")
         ),
         "",
         f"forward cost (ms) with k new tokens on a cached {curve['prompt_tokens']}-token prompt:",

@@ -244,13 +244,7 @@ def add_method_args(parser: argparse.ArgumentParser, *, default: str = "lookahea
     group.add_argument(
         "--draft-model", metavar="NAME", help="draft: the small model (same vocabulary)"
     )
-    group.add_argument(
-        "--datastore",
-        metavar="stdlib|PATH",
-        help="lookahead, prompt_lookup: also copy from this corpus where the text itself has "
-        "no match: 'stdlib' (the Python standard library) or a file or folder of text "
-        "(tokenized once, then cached)",
-    )
+    add_datastore_arg(group, "lookahead, prompt_lookup: also copy")
     sampling = parser.add_argument_group("sampling (default: greedy)")
     sampling.add_argument(
         "--sample", action="store_true", help="sample instead of taking the most likely token"
@@ -332,6 +326,17 @@ def method_options(args: argparse.Namespace, draft_model: Any = None) -> dict[st
             raise UsageError(_flag(name), "needs --sample (decoding is greedy without it)")
         options[name] = value
     return options
+
+
+def add_datastore_arg(parser, who: str) -> None:
+    """--datastore stdlib|PATH, the corpus that ``who`` ("lookahead, prompt_lookup: also copy")
+    copies from; one wording for every command that takes it."""
+    parser.add_argument(
+        "--datastore",
+        metavar="stdlib|PATH",
+        help=f"{who} from this corpus where the text itself has no match: 'stdlib' (the "
+        "Python standard library) or a file or folder of text (tokenized once, then cached)",
+    )
 
 
 def check_copying_method(flag: str, method: str) -> None:

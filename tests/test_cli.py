@@ -26,8 +26,9 @@ from tokenizers import models as tokenizer_models
 from transformers import PreTrainedTokenizerFast
 
 import lookahead
-from lookahead.cli import main
+from lookahead.cli import build_parser, main
 from lookahead.commands.common import TextDelta
+from lookahead.packing import cpu_packing_problem
 from lookahead.models import chat_prompt
 from lookahead.server.detokenize import Detokenizer
 
@@ -179,7 +180,16 @@ def test_bad_options_are_argparse_errors_naming_the_option(
     assert f"argument {option}" in err
 
 
-@pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="packing needs oneDNN")
+@pytest.mark.parametrize("argv", [["generate", "--model", "m", PROMPT], ["chat", "--model", "m"],
+                                  ["demo"], ["serve"], ["bench"], ["tune"]])
+def test_every_command_loads_the_dtype_this_cpu_prefers_unless_told(monkeypatch, argv) -> None:
+    monkeypatch.setattr(lookahead.models, "preferred_dtype", lambda: torch.float64)
+    parser = build_parser()
+    assert parser.parse_args(argv).dtype == "float64"  # "auto", resolved when parsed
+    assert parser.parse_args([*argv, "--dtype", "bf16"]).dtype == "bfloat16"
+
+
+@pytest.mark.skipif(cpu_packing_problem() is not None, reason="this CPU cannot pack bf16")
 def test_generate_on_packed_weights_prints_what_plain_weights_print(tiny_folder, capsys) -> None:
     argv = ["generate", "--model", str(tiny_folder), "--dtype", "bfloat16", "--max-new-tokens",
             "24", PROMPT]

@@ -19,11 +19,13 @@ from lookahead.models import (
     ModelNotAvailableError,
     ModelSpec,
     chat_prompt,
+    dtype_name,
     find_gguf,
     get_model_spec,
     install_model,
     list_models,
     load_model,
+    preferred_dtype,
     resolve_dtype,
 )
 
@@ -128,6 +130,22 @@ def test_resolve_dtype_accepts_aliases(alias, expected) -> None:
 def test_bad_dtype_is_a_value_error_naming_dtype(bad) -> None:
     with pytest.raises(ValueError, match="dtype"):
         resolve_dtype(bad)
+
+
+@pytest.mark.parametrize("avx512_bf16, amx, expected", [
+    (False, False, torch.float32),  # AVX2 only: bfloat16 passes of many tokens cost too much
+    (True, False, torch.bfloat16),
+    (False, True, torch.bfloat16),
+])
+def test_auto_dtype_is_bfloat16_only_where_the_cpu_multiplies_it_natively(
+    monkeypatch, avx512_bf16, amx, expected
+) -> None:
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: avx512_bf16)
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx)
+    assert preferred_dtype() is expected
+    assert resolve_dtype("auto") is resolve_dtype(" AUTO ") is expected
+    assert dtype_name("auto") == str(expected).removeprefix("torch.")
+    assert dtype_name("bf16") == "bfloat16"
 
 
 def test_load_model_checks_dtype_before_loading(tmp_path: Path) -> None:

@@ -19,11 +19,12 @@ import lookahead
 from lookahead.bench.report import summarise
 from lookahead.bench.runner import BenchConfig
 from lookahead.cache import cache_keyword, new_cache
+from lookahead import packing
 from lookahead.packing import PackedLinear, apply_packing, is_packed, pack_weights, packing_problem
 
-pytestmark = pytest.mark.skipif(
-    not torch.backends.mkldnn.is_available(), reason="packing needs PyTorch's oneDNN"
-)
+# Packing needs oneDNN, and a CPU whose bfloat16 reorder it supports (AVX512 or AVX-NE-CONVERT).
+CPU_PROBLEM = packing.cpu_packing_problem()
+needs_packing = pytest.mark.skipif(CPU_PROBLEM is not None, reason=str(CPU_PROBLEM))
 
 WIDE = dict(vocab_size=256, hidden_size=128, intermediate_size=384, num_attention_heads=4,
             num_key_value_heads=2)
@@ -51,6 +52,7 @@ def logits_in_steps(model, ids: torch.Tensor, steps: list[int]) -> list[torch.Te
     return out
 
 
+@needs_packing
 @pytest.mark.parametrize("family", ["llama", "qwen2", "mistral", "phi3", "gemma2"])
 @pytest.mark.parametrize("batch", [1, 2])
 def test_packed_logits_are_the_plain_logits_bit_for_bit(fresh_lm, family, batch) -> None:
@@ -62,6 +64,7 @@ def test_packed_logits_are_the_plain_logits_bit_for_bit(fresh_lm, family, batch)
         assert torch.equal(ours, theirs)
 
 
+@needs_packing
 @pytest.mark.parametrize("method, options", [
     ("autoregressive", {}),
     ("lookahead", dict(window=3, ngram=3, guess=2, token_cost=0.0)),
@@ -79,6 +82,7 @@ def test_decoding_on_packed_weights_writes_what_plain_weights_write(fresh_lm, me
     assert torch.equal(ours, theirs)
 
 
+@needs_packing
 def test_hf_prompt_lookup_and_assisted_generation_run_on_packed_weights(fresh_lm) -> None:
     plain, packed = bf16_pair(fresh_lm, "llama")
     draft = fresh_lm("llama", seed=4, **WIDE).to(torch.bfloat16)
@@ -91,6 +95,7 @@ def test_hf_prompt_lookup_and_assisted_generation_run_on_packed_weights(fresh_lm
         assert output.shape == reference.shape and output[0, :20].equal(prompt[0])
 
 
+@needs_packing
 def test_pack_weights_swaps_every_linear_once_and_keeps_the_tied_embedding(fresh_lm) -> None:
     model = fresh_lm("llama", **WIDE, tie_word_embeddings=True).to(torch.bfloat16)
     embedding = model.get_input_embeddings().weight.clone()
@@ -105,6 +110,7 @@ def test_pack_weights_swaps_every_linear_once_and_keeps_the_tied_embedding(fresh
     assert "packed for oneDNN" in repr(model.lm_head)
 
 
+@needs_packing
 @pytest.mark.skipif(not os.path.exists("/proc/self/maps"), reason="reads Linux's /proc")
 def test_packing_lets_go_of_the_model_files_memory_map(fresh_lm, tmp_path) -> None:
     """Loaded from safetensors, the weights are views of the file's memory map; once packed,
@@ -139,16 +145,43 @@ def test_only_bfloat16_weights_are_packed(fresh_lm, dtype) -> None:
     assert not is_packed(model)
 
 
+def test_the_cpu_probe_says_whether_packing_works_here(fresh_lm) -> None:
+    model = fresh_lm("llama", **WIDE).to(torch.bfloat16)
+    if CPU_PROBLEM is None:
+        assert packing_problem(model) is None and pack_weights(model) > 0
+    else:
+        assert packing_problem(model) == CPU_PROBLEM
+        with pytest.raises(ValueError, match="model: cannot pack its weights: this "):
+            pack_weights(model)
+        assert not is_packed(model)
+
+
+def test_a_cpu_that_cannot_pack_keeps_plain_weights_unless_told_to_pack(fresh_lm, monkeypatch
+                                                                        ) -> None:
+    """On an AVX2-only CPU oneDNN cannot reorder bfloat16 weights: the default (None) must fall
+    back to plain weights, and bench must label its setting plain, not "+packed"."""
+    monkeypatch.setattr(packing, "cpu_packing_problem", lambda: "this CPU cannot (a test)")
+    model = fresh_lm("llama").to(torch.bfloat16)
+    assert apply_packing(model, None) is False and not is_packed(model)
+    with pytest.raises(ValueError, match=r"packed_weights: this CPU cannot \(a test\)"):
+        apply_packing(model, True)
+    assert not is_packed(model)
+    assert BenchConfig(dtype="bfloat16").setting == "bfloat16"
+    assert BenchConfig(dtype="bfloat16", packed_weights=True).setting == "bfloat16+packed"
+
+
+@needs_packing
 def test_apply_packing_packs_bfloat16_by_default_and_not_when_told_not_to(fresh_lm) -> None:
     model = fresh_lm("llama").to(torch.bfloat16)
     assert apply_packing(model, False) is False and not is_packed(model)
     assert apply_packing(model, None) is True and is_packed(model)
 
 
+@needs_packing
 def test_bench_packs_bfloat16_and_labels_the_setting() -> None:
     assert BenchConfig(packed_weights=True).setting == "bfloat16+packed"
     assert BenchConfig(packed_weights=False).setting == "bfloat16"
-    assert BenchConfig().setting == "bfloat16+packed"
+    assert BenchConfig(dtype="bfloat16").setting == "bfloat16+packed"
     assert BenchConfig(dtype="float32").setting == "float32"
     plan = BenchConfig(methods=("lookahead",), baseline_dtypes=("bfloat16",)).plan()
     assert plan == [("hf", "bfloat16+packed"), ("hf", "bfloat16"),

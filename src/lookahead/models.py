@@ -198,19 +198,48 @@ def get_model_spec(name: str) -> ModelSpec:
         raise ValueError(_unknown_model_message(name)) from None
 
 
+# The dtype "auto" stands for: bfloat16 where the CPU multiplies it natively, else float32.
+AUTO_DTYPE = "auto"
+
+
 def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
-    """``"bfloat16"``/``"bf16"``/``"float32"``/``"fp32"``/``"float16"``/``"float64"`` or a floating
-    ``torch.dtype`` → ``torch.dtype``; anything else raises ``ValueError`` naming ``dtype``."""
+    """``"auto"``/``"bfloat16"``/``"bf16"``/``"float32"``/``"fp32"``/``"float16"``/``"float64"``
+    or a floating ``torch.dtype`` → ``torch.dtype``; anything else raises ``ValueError`` naming
+    ``dtype``. ``"auto"`` is :func:`preferred_dtype`."""
     if isinstance(dtype, torch.dtype):
         if dtype.is_floating_point:
             return dtype
         raise ValueError(f"dtype must be a floating-point dtype, got {dtype}")
+    if isinstance(dtype, str) and dtype.strip().lower() == AUTO_DTYPE:
+        return preferred_dtype()
     if isinstance(dtype, str) and dtype.strip().lower() in _DTYPE_ALIASES:
         return _DTYPE_ALIASES[dtype.strip().lower()]
-    choices = ", ".join(repr(alias) for alias in _DTYPE_ALIASES)
+    choices = ", ".join(repr(alias) for alias in (AUTO_DTYPE, *_DTYPE_ALIASES))
     raise ValueError(
         f"dtype must be a torch floating-point dtype or one of {choices}; got {dtype!r}"
     )
+
+
+def dtype_name(dtype: str | torch.dtype) -> str:
+    """The canonical name of ``dtype`` (see :func:`resolve_dtype`): "bf16" -> "bfloat16",
+    "auto" -> this machine's choice."""
+    return str(resolve_dtype(dtype)).removeprefix("torch.")
+
+
+def preferred_dtype() -> torch.dtype:
+    """bfloat16 where this CPU multiplies bfloat16 natively (AVX512-BF16 or AMX), else float32.
+
+    Lookahead turns the spare compute of a forward pass into tokens, so what matters is the
+    cost of a pass of many tokens. With native bfloat16 a pass of 16 tokens costs little more
+    than one, in half float32's memory traffic. Without it (AVX2 only: an AMD EPYC 7003)
+    oneDNN converts on the fly and the cost grows with the tokens: SmolLM2-135M, 2 threads,
+    1 / 8 / 64 tokens took 43 / 177 / 1124 ms in bfloat16 and 75 / 139 / 301 ms in float32.
+    """
+    native = (getattr(torch.cpu, "_is_avx512_bf16_supported", None),
+              getattr(torch.cpu, "_is_amx_tile_supported", None))
+    if any(check is not None and check() for check in native):
+        return torch.bfloat16
+    return torch.float32
 
 
 def default_cache_dir() -> Path:
@@ -249,7 +278,7 @@ def chat_prompt(
 
 def load_model(
     name_or_path: str | os.PathLike[str],
-    dtype: str | torch.dtype = "bfloat16",
+    dtype: str | torch.dtype = AUTO_DTYPE,
     *,
     cache_dir: str | Path | None = None,
     grouped_attention: bool = True,
@@ -260,7 +289,9 @@ def load_model(
     Args:
         name_or_path: a bundled name (see :func:`list_models`), a local Hugging Face folder
             (with ``config.json``), a path to a ``.gguf`` file, or a Hugging Face hub id.
-        dtype: weight dtype, e.g. ``"bfloat16"`` (default), ``"float32"`` or a ``torch.dtype``.
+        dtype: weight dtype: ``"auto"`` (default: :func:`preferred_dtype`, bfloat16 on a CPU
+            that multiplies it natively, else float32), ``"bfloat16"``, ``"float32"`` or a
+            ``torch.dtype``.
         cache_dir: cache root for assembled and de-quantised GGUF models
             (default :func:`default_cache_dir`).
         grouped_attention: switch a model on transformers' SDPA attention to

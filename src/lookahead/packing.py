@@ -8,6 +8,10 @@ gives the same logits, bit for bit, in less time. Measured on an AMD EPYC, 2 thr
 Qwen2.5-Coder-1.5B's forward pass of 1 / 8 / 16 tokens over a 300-token cache took
 195 / 215 / 274 ms with plain weights and 145 / 147 / 190 ms packed (``docs/packed-weights.md``).
 
+Packing needs a CPU whose bfloat16 products oneDNN can run from a packed layout (AVX512 BW/VL/DQ
+or AVX-NE-CONVERT): on an AVX2-only CPU (an AMD EPYC 7003) the default is plain weights, and
+asking for packed ones is an error that says why (:func:`cpu_packing_problem`).
+
 Packing is for inference, and only in bfloat16: float32 products take another path (MKL),
 whose sums differ from oneDNN's in the last bits, so a packed float32 model would not write
 exactly what the plain one does. A packed model stays on the CPU (its packed weights are not
@@ -66,8 +70,6 @@ def is_packed(model: torch.nn.Module) -> bool:
 
 def packing_problem(model: torch.nn.Module) -> str | None:
     """Why ``model`` cannot have its weights packed, or None when it can."""
-    if not torch.backends.mkldnn.is_available():
-        return "this PyTorch build has no oneDNN (torch.backends.mkldnn.is_available() is False)"
     linears = [m for m in model.modules() if type(m) is torch.nn.Linear]
     devices = {m.weight.device.type for m in linears}
     if devices - {"cpu"}:
@@ -77,6 +79,23 @@ def packing_problem(model: torch.nn.Module) -> str | None:
         names = sorted(str(d).removeprefix("torch.") for d in dtypes)
         return (f"packed weights keep the output exact in bfloat16 only; the model's linear "
                 f"weights are {', '.join(names)} (load it with dtype='bfloat16')")
+    return cpu_packing_problem()
+
+
+def cpu_packing_problem() -> str | None:
+    """Why this CPU cannot hold bfloat16 weights packed for oneDNN, or None when it can.
+
+    oneDNN's bfloat16 reorder needs AVX512 (BW, VL, DQ) or AVX-NE-CONVERT: on an AVX2-only
+    CPU (an AMD EPYC 7003, say) it raises. Rather than keep a list of CPU flags in step with
+    oneDNN's, reorder one small weight and see.
+    """
+    if not torch.backends.mkldnn.is_available():
+        return "this PyTorch build has no oneDNN (torch.backends.mkldnn.is_available() is False)"
+    try:
+        torch.ops.mkldnn._reorder_linear_weight(torch.zeros(32, 32, dtype=torch.bfloat16),
+                                                _BATCH_HINT)
+    except RuntimeError as error:
+        return f"this CPU cannot run oneDNN's packed bfloat16 products ({error})"
     return None
 
 

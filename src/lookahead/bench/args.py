@@ -12,9 +12,15 @@ import logging
 
 import torch
 
-from lookahead.commands.common import add_model_args, int_in, workload_arg
+from lookahead.commands.common import (
+    DTYPE_HELP,
+    add_model_args,
+    dtype_name,
+    int_in,
+    workload_arg,
+)
 from lookahead.config import MAX_GUESS, MAX_NGRAM, MAX_WINDOW
-from lookahead.models import resolve_dtype
+from lookahead.models import AUTO_DTYPE
 
 logger = logging.getLogger(__name__)
 
@@ -37,14 +43,6 @@ def comma_list(choices: tuple[str, ...] | None = None):
         return items
 
     return parse
-
-
-def dtype_name(text: str) -> str:
-    """An argparse ``type``: a dtype alias ("bf16") -> its canonical name ("bfloat16")."""
-    try:
-        return str(resolve_dtype(text)).removeprefix("torch.")
-    except ValueError as error:
-        raise argparse.ArgumentTypeError(str(error)) from None
 
 
 def dtype_list(text: str) -> tuple[str, ...]:
@@ -98,7 +96,7 @@ def add_comparison_arguments(parser: argparse.ArgumentParser) -> None:
     """The arguments of the scripts in ``benchmarks/`` that compare runs prompt by prompt:
     --model, --dtype, --datasets, --limit, --max-new-tokens, --threads, --[no-]packed-weights."""
     parser.add_argument("--model", default="smollm2-135m")
-    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--dtype", type=dtype_name, default=AUTO_DTYPE, help=DTYPE_HELP)
     parser.add_argument("--datasets", type=comma_list(), default=("humaneval", "mtbench", "gsm8k"))
     parser.add_argument("--limit", type=positive_int, default=5, help="prompts per data set")
     parser.add_argument("--max-new-tokens", type=positive_int, default=256)

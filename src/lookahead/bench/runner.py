@@ -26,6 +26,7 @@ from pathlib import Path
 import torch
 import transformers
 
+from lookahead import packing
 from lookahead.api import check_draft_model
 from lookahead.bench.methods import (
     BASELINE,
@@ -40,7 +41,7 @@ from lookahead.config import check_int
 from lookahead.datasets import BUNDLED_DATASETS, encode_prompt, load_prompts
 from lookahead.datastore import Datastore, load_datastore
 from lookahead.memory import MEMORY_METHODS, TextMemory
-from lookahead.models import DEFAULT_MODEL, load_model, resolve_dtype
+from lookahead.models import AUTO_DTYPE, DEFAULT_MODEL, dtype_name, load_model
 
 logger = logging.getLogger(__name__)
 
@@ -70,7 +71,7 @@ class BenchConfig:
     limit: int | None = 10
     max_new_tokens: int = 256
     methods: tuple[str, ...] | None = None
-    dtype: str = "bfloat16"
+    dtype: str = AUTO_DTYPE
     baseline_dtypes: tuple[str, ...] = ("float32", "bfloat16")
     options: MethodOptions = field(default_factory=MethodOptions)
     warmup: bool = True
@@ -86,9 +87,9 @@ class BenchConfig:
         labels = [_label(name) for name in self.datasets]
         if len(set(labels)) != len(labels):
             raise ValueError(f"datasets must have distinct names, got {list(self.datasets)}")
-        object.__setattr__(self, "dtype", _dtype_name(self.dtype))
+        object.__setattr__(self, "dtype", dtype_name(self.dtype))
         object.__setattr__(
-            self, "baseline_dtypes", tuple(dict.fromkeys(map(_dtype_name, self.baseline_dtypes)))
+            self, "baseline_dtypes", tuple(dict.fromkeys(map(dtype_name, self.baseline_dtypes)))
         )
         unknown = [m for m in self.methods or () if m not in METHODS]
         if unknown:
@@ -104,7 +105,7 @@ class BenchConfig:
         """Whether the methods run on packed weights."""
         if self.packed_weights is not None:
             return self.packed_weights
-        return self.dtype == "bfloat16" and torch.backends.mkldnn.is_available()
+        return self.dtype == "bfloat16" and packing.cpu_packing_problem() is None
 
     @property
     def setting(self) -> str:
@@ -268,5 +269,3 @@ def _label(dataset: str) -> str:
     return Path(dataset).name.removesuffix(".gz").removesuffix(".jsonl") or dataset
 
 
-def _dtype_name(dtype) -> str:
-    return str(resolve_dtype(dtype)).removeprefix("torch.")

@@ -59,7 +59,13 @@ from lookahead.cache import cache_keyword, new_cache
 from lookahead.config import LookaheadConfig, check_int, check_workload
 from lookahead.datasets import Prompt, encode_prompt, load_prompts, spread
 from lookahead.datastore import Datastore, check_spec, load_datastore
-from lookahead.models import DEFAULT_MODEL, default_cache_dir, load_model, resolve_dtype
+from lookahead.models import (
+    AUTO_DTYPE,
+    DEFAULT_MODEL,
+    default_cache_dir,
+    dtype_name,
+    load_model,
+)
 from lookahead.packing import apply_packing
 
 logger = logging.getLogger(__name__)
@@ -109,7 +115,7 @@ class TuneConfig:
     move the best shape."""
 
     model: str = DEFAULT_MODEL
-    dtype: str = "bfloat16"
+    dtype: str = AUTO_DTYPE
     tokens: tuple[int, ...] = DEFAULT_TOKENS
     repeats: int = 5
     shapes: tuple[tuple[int, ...], ...] = DEFAULT_SHAPES
@@ -125,7 +131,7 @@ class TuneConfig:
     datastore: str | None = None
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "dtype", str(resolve_dtype(self.dtype)).removeprefix("torch."))
+        object.__setattr__(self, "dtype", dtype_name(self.dtype))
         if self.datastore is not None:
             check_spec(self.datastore)  # before the model loads
         if self.workload is not None:
@@ -522,10 +528,9 @@ def profile_path(model_name: str, dtype, device: str = "cpu", cache_dir=None,
     """``<cache_dir>/profiles/<model>-<dtype>-<device>[-<workload>].json``; the model name made
     file-safe."""
     root = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
-    dtype_name = str(resolve_dtype(dtype)).removeprefix("torch.")
     safe = re.sub(r"[^A-Za-z0-9._-]+", "_", str(model_name)).strip("_.") or "model"
     suffix = f"-{check_workload(workload)}" if workload is not None else ""
-    return root / "profiles" / f"{safe}-{dtype_name}-{device}{suffix}.json"
+    return root / "profiles" / f"{safe}-{dtype_name(dtype)}-{device}{suffix}.json"
 
 
 def save_profile(profile: dict, cache_dir=None) -> Path:

@@ -37,7 +37,14 @@ from lookahead.config import (
 )
 from lookahead.datastore import check_spec, load_datastore
 from lookahead.memory import MEMORY_METHODS
-from lookahead.models import DEFAULT_MODEL, ModelNotAvailableError, load_model, resolve_dtype
+from lookahead.models import (
+    AUTO_DTYPE,
+    DEFAULT_MODEL,
+    ModelNotAvailableError,
+    load_model,
+    preferred_dtype,
+)
+from lookahead.models import dtype_name as canonical_dtype_name
 from lookahead.stats import GenerationStats
 
 logger = logging.getLogger(__name__)
@@ -127,12 +134,20 @@ def float_in(low: float, high: float, *, low_open: bool = False,
     return parse
 
 
+DTYPE_HELP = (
+    f"weight dtype: auto, bfloat16, float32, ... (default: auto, bfloat16 where the CPU "
+    f"multiplies it natively (AVX512-BF16 or AMX), else float32; here: "
+    f"{str(preferred_dtype()).removeprefix('torch.')})"
+)
+
+
 def dtype_name(text: str) -> str:
+    """An argparse ``type``: a dtype alias ("bf16") -> its canonical name ("bfloat16"); "auto"
+    -> this machine's choice (``lookahead.models.preferred_dtype``)."""
     try:
-        resolve_dtype(text)
+        return canonical_dtype_name(text)
     except ValueError as error:
         raise argparse.ArgumentTypeError(str(error)) from None
-    return text
 
 
 # ----------------------------------------------------------------------------- option groups
@@ -150,7 +165,7 @@ def add_model_args(parser: argparse.ArgumentParser, *, default: str | None = DEF
         "a .gguf file or a hub id" + (f" (default: {default})" if default else ""),
     )
     group.add_argument(
-        "--dtype", type=dtype_name, default="bfloat16", help="weight dtype (default: bfloat16)"
+        "--dtype", type=dtype_name, default=AUTO_DTYPE, help=DTYPE_HELP
     )
     group.add_argument(
         "--threads",

@@ -8,6 +8,7 @@ import sys
 import time
 
 from lookahead.commands.common import dtype_name, load_named, set_handler
+from lookahead.models import AUTO_DTYPE
 from lookahead.models import install_model, list_models
 
 
@@ -25,8 +26,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--dtype",
         type=dtype_name,
-        default="bfloat16",
-        help="the dtype whose cache to warm (default: bfloat16)",
+        default=AUTO_DTYPE,
+        help="the dtype whose cache to warm (default: auto, the one the commands load here)",
     )
     set_handler(parser, run)
 

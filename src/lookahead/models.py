@@ -233,7 +233,8 @@ def preferred_dtype() -> torch.dtype:
     cost of a pass of many tokens. With native bfloat16 a pass of 16 tokens costs little more
     than one, in half float32's memory traffic. Without it (AVX2 only: an AMD EPYC 7003)
     oneDNN converts on the fly and the cost grows with the tokens: SmolLM2-135M, 2 threads,
-    1 / 8 / 64 tokens took 43 / 177 / 1124 ms in bfloat16 and 75 / 139 / 301 ms in float32.
+    1 / 8 / 64 tokens took 39 / 149 / 1007 ms in bfloat16 and 71 / 138 / 263 ms in float32
+    (``benchmarks/forward_cost.py``).
     """
     native = (getattr(torch.cpu, "_is_avx512_bf16_supported", None),
               getattr(torch.cpu, "_is_amx_tile_supported", None))

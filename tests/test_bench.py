@@ -353,6 +353,7 @@ def test_tune_with_a_datastore_measures_the_shapes_copying_from_it(tiny, tmp_pat
         assert (f", datastore {corpus}" in header) is bool(extra), header
         profile = load_profile(str(tiny["model"]), "float64", cache_dir=tmp_path / "cache")
         assert profile["datastore"] == (str(corpus) if extra else None)
+        assert profile["cpu"] == torch.backends.cpu.get_cpu_capability()  # "AVX2", "AVX512"
         per_step[bool(extra)] = profile["shapes"][0]["tokens_per_step"]
     assert per_step[True] > per_step[False], per_step
     # A corpus that is not there is refused before the model loads, naming the flag.

@@ -344,6 +344,29 @@ def tune(config: TuneConfig, progress: Progress | None = None, save: bool = True
                for name in config.datasets}
     prompts = {name: [encode_prompt(tokenizer, p) for p in sample]
                for name, sample in samples.items()}
+    curve, token_cost, rows = _measure(model, prompts, config, datastore, progress)
+    overhead = step_overhead_of(rows)
+    rows = [predict(row, overhead) for row in rows]
+    best = choose_shape(rows, config.select, config.margin)
+    profile = dict(
+        **_setting(config, model, packed, samples),
+        curve=curve,
+        token_cost=token_cost,
+        step_overhead_ms=1000 * overhead,
+        autoregressive_predicted_tokens_per_second=1.0 / cost_at(curve, 1),
+        shapes=rows,
+        best=shape_of(best),
+    )
+    if save:
+        save_profile(profile, config.cache_dir)
+    return profile
+
+
+def _measure(model, prompts: Mapping[str, list[torch.Tensor]], config: TuneConfig,
+             datastore: Datastore | None, progress: Progress | None
+             ) -> tuple[dict, float, list[dict]]:
+    """The forward-cost curve (on the first prompt), its token cost, and a measured row per
+    shape of ``config.shapes`` (see :func:`measure_shape`)."""
     first = next(iter(prompts.values()))[0]
     total = 1 + len(config.shapes)
     _report(progress, 0, total, "forward-cost curve")
@@ -359,14 +382,18 @@ def tune(config: TuneConfig, progress: Progress | None = None, save: bool = True
         rows.append(measure_shape(model, prompts, shape, config.max_new_tokens, curve,
                                   token_cost, datastore=datastore))
     _report(progress, total, total, "done")
-    overhead = step_overhead_of(rows)
-    rows = [predict(row, overhead) for row in rows]
-    best = choose_shape(rows, config.select, config.margin)
-    profile = dict(
+    return curve, token_cost, rows
+
+
+def _setting(config: TuneConfig, model, packed: bool, samples: Mapping[str, list[Prompt]]
+             ) -> dict:
+    """What a profile was measured on: model, dtype, device, CPU, versions, sample prompts."""
+    return dict(
         version=PROFILE_VERSION,
         model=config.model,
         dtype=config.dtype,
         device=model.device.type,
+        cpu=torch.backends.cpu.get_cpu_capability(),
         packed_weights=packed,
         threads=torch.get_num_threads(),
         created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -375,22 +402,13 @@ def tune(config: TuneConfig, progress: Progress | None = None, save: bool = True
         dataset=config.dataset,
         workload=config.workload,
         datastore=config.datastore,
-        prompts=sum(len(inputs) for inputs in prompts.values()),
+        prompts=sum(len(sample) for sample in samples.values()),
         sample=config.sample,
         prompt_ids={name: [p.id for p in sample] for name, sample in samples.items()},
         max_new_tokens=config.max_new_tokens,
         select=config.select,
         margin=config.margin,
-        curve=curve,
-        token_cost=token_cost,
-        step_overhead_ms=1000 * overhead,
-        autoregressive_predicted_tokens_per_second=1.0 / cost_at(curve, 1),
-        shapes=rows,
-        best=shape_of(best),
     )
-    if save:
-        save_profile(profile, config.cache_dir)
-    return profile
 
 
 def sample_prompts(dataset: str, count: int, sample: str = "spread") -> list[Prompt]:

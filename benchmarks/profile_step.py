@@ -133,7 +133,7 @@ def forward_variants(model, input_ids, shape, repeats: int = 15) -> dict[str, fl
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="smollm2-135m")
-    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--dtype", default="auto", help="(default: auto, as the commands)")
     parser.add_argument("--shape", type=shape_arg, default=(7, 5, 7))
     parser.add_argument("--prompt", type=int, default=0, help="HumanEval index (0)")
     parser.add_argument("--steps", type=positive_int, default=40)
@@ -149,7 +149,8 @@ def main(argv: list[str] | None = None) -> int:
     samples = profile_phases(model, input_ids, args.shape, args.steps)
     steps = len(samples["2 mask + model forward"])
     print(
-        f"{args.model} {args.dtype}, W,N,G={args.shape}, {torch.get_num_threads()} threads, "
+        f"{args.model} {str(model.dtype).removeprefix('torch.')}, W,N,G={args.shape}, "
+        f"{torch.get_num_threads()} threads, "
         f"prompt {prompt.id} ({input_ids.shape[1]} tokens), {steps} steps"
     )
     for phase, values in samples.items():

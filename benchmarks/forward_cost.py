@@ -19,11 +19,9 @@ import sys
 from pathlib import Path
 
 import torch
-from packed_weights import curves, plot  # the same rounds and picture, per dtype
+from packed_weights import curves, load_settings, plot  # the same, per dtype
 
-import lookahead
-from lookahead.bench.args import apply_threads, dtype_list, positive_int, quiet_loading
-from lookahead.datasets import encode_prompt, load_prompts
+from lookahead.bench.args import dtype_list, positive_int
 from lookahead.models import preferred_dtype
 
 
@@ -42,13 +40,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    apply_threads(args.threads)
-    quiet_loading(args)
     tokens = [int(k) for k in args.tokens.split(",")]
-    models = {}
-    for dtype in args.dtypes:
-        models[dtype], tokenizer = lookahead.load_model(args.model, dtype)
-    prompt = encode_prompt(tokenizer, load_prompts("humaneval", 1)[0])
+    models, _, prompt = load_settings(args, {d: dict(dtype=d) for d in args.dtypes})
     costs = curves(models, prompt, tokens, args)
     auto = str(preferred_dtype()).removeprefix("torch.")
     setting = (f"{args.model}, {torch.get_num_threads()} threads, {prompt.shape[1]}-token "

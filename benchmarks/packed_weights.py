@@ -90,16 +90,24 @@ def timed_generate(model, prompt: torch.Tensor, max_new_tokens: int) -> tuple[li
     return new, len(new) / (time.perf_counter() - started)
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
+def load_settings(args, settings: dict[str, dict]) -> tuple[dict, object, torch.Tensor]:
+    """Set the threads, then load ``args.model`` once per setting (name -> ``load_model``
+    keywords); return (models by name, the tokenizer, the first HumanEval prompt [1, L])."""
     apply_threads(args.threads)
     quiet_loading(args)
-    tokens = [int(k) for k in args.tokens.split(",")]
     models = {}
-    for name, packed in (("plain", False), ("packed", True)):
-        models[name], tokenizer = lookahead.load_model(args.model, "bfloat16",
-                                                       packed_weights=packed)
-    prompt = encode_prompt(tokenizer, load_prompts("humaneval", 1)[0])
+    for name, options in settings.items():
+        models[name], tokenizer = lookahead.load_model(args.model, **options)
+    return models, tokenizer, encode_prompt(tokenizer, load_prompts("humaneval", 1)[0])
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    tokens = [int(k) for k in args.tokens.split(",")]
+    models, tokenizer, prompt = load_settings(args, {
+        "plain": dict(dtype="bfloat16", packed_weights=False),
+        "packed": dict(dtype="bfloat16", packed_weights=True),
+    })
     for model in models.values():
         model.generation_config.pad_token_id = tokenizer.eos_token_id
     costs = curves(models, prompt, tokens, args)

@@ -535,3 +535,27 @@ def test_a_longrope_model_is_served_up_to_its_original_context(model, tokenizer)
                         rope_parameters=rope, pad_token_id=0)
     assert Engine(Phi3ForCausalLM(config), tokenizer).context_length == 32
     assert Engine(model, tokenizer).context_length == model.config.max_position_embeddings
+
+
+def test_sigterm_caught_by_another_thread_still_stops_an_idle_engine(model, tokenizer) -> None:
+    """``lookahead serve`` stops on SIGTERM by raising KeyboardInterrupt in the main thread,
+    which runs the engine. The kernel may hand a process's SIGTERM to any thread; Python runs
+    the handler in the main thread only when it next runs bytecode. So an idle engine must
+    not block in its wait for good, or the server stays up (a CI run hung this way)."""
+    import signal
+
+    from lookahead.server.cli import _interrupt_on_sigterm
+
+    engine = Engine(model, tokenizer, EngineConfig(warm_up=False))
+
+    def other_thread() -> None:
+        time.sleep(0.3)  # the engine is waiting for work by now
+        signal.pthread_kill(threading.get_ident(), signal.SIGTERM)  # to this thread, not main
+        time.sleep(5)
+        engine.stop()  # the watchdog: without a bounded wait, run() returns only now
+
+    threading.Thread(target=other_thread, daemon=True).start()
+    started = time.monotonic()
+    with _interrupt_on_sigterm(), pytest.raises(KeyboardInterrupt):
+        engine.run()
+    assert time.monotonic() - started < 3

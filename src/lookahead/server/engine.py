@@ -50,6 +50,9 @@ from lookahead.stats import GenerationStats
 
 logger = logging.getLogger(__name__)
 
+# How long an idle engine waits for work before looking again (for pending signals only).
+_IDLE_WAIT_S = 0.5
+
 
 @dataclass(frozen=True)
 class EngineConfig:
@@ -360,7 +363,10 @@ class Engine:
         while True:
             with self._wakeup:
                 while not self._stopping and not self._waiting and not self._running:
-                    self._wakeup.wait()
+                    # Bounded: a SIGTERM that the kernel hands to another thread runs its
+                    # Python handler (KeyboardInterrupt, see Engine.run) only once this thread
+                    # runs bytecode again; an unbounded wait would keep an idle server up.
+                    self._wakeup.wait(_IDLE_WAIT_S)
                 if self._stopping:
                     break
             try:

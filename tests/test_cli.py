@@ -200,6 +200,24 @@ def test_generate_on_packed_weights_prints_what_plain_weights_print(tiny_folder,
     assert plain.strip() and packed == plain == default
 
 
+@pytest.mark.skipif(cpu_packing_problem(torch.float32) is not None,
+                    reason="this PyTorch cannot pack float32")
+def test_generate_packs_float32_only_when_asked_and_prints_the_same(tiny_folder, capsys,
+                                                                    monkeypatch) -> None:
+    packed_models = []
+    pack = lookahead.packing.pack_weights
+    monkeypatch.setattr(lookahead.packing, "pack_weights",
+                        lambda model: packed_models.append(model) or pack(model))
+    argv = ["generate", "--model", str(tiny_folder), "--dtype", "float32", "--max-new-tokens",
+            "24", PROMPT]
+    code_default, default, _ = run_cli(argv, capsys)
+    assert packed_models == []  # float32 sums would change: not by default
+    code_packed, packed, _ = run_cli([*argv, "--packed-weights"], capsys)
+    assert len(packed_models) == 1 and lookahead.packing.is_packed(packed_models[0])
+    assert code_default == code_packed == 0
+    assert default.strip() and packed == default
+
+
 def test_copy_length_flags_reach_the_method_options() -> None:
     from lookahead.cli import build_parser
     from lookahead.commands.common import method_options

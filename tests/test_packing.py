@@ -1,4 +1,5 @@
-"""Packed weights (``lookahead.packing``): the same logits and outputs, bit for bit, in bfloat16.
+"""Packed weights (``lookahead.packing``): the same logits and outputs, bit for bit, in bfloat16;
+in float32 (packed only when asked for) logits within a few 1e-6 and the same outputs.
 
 The models are tiny random-weight ones, a little wider than conftest's (oneDNN blocks its
 products; 32 wide would fit in one block), converted to bfloat16: a packed copy must give
@@ -25,17 +26,20 @@ from lookahead.packing import PackedLinear, apply_packing, is_packed, pack_weigh
 # Packing needs oneDNN, and a CPU whose bfloat16 reorder it supports (AVX512 or AVX-NE-CONVERT).
 CPU_PROBLEM = packing.cpu_packing_problem()
 needs_packing = pytest.mark.skipif(CPU_PROBLEM is not None, reason=str(CPU_PROBLEM))
+FLOAT32_PROBLEM = packing.cpu_packing_problem(torch.float32)
+needs_float32_packing = pytest.mark.skipif(FLOAT32_PROBLEM is not None,
+                                           reason=str(FLOAT32_PROBLEM))
 
 WIDE = dict(vocab_size=256, hidden_size=128, intermediate_size=384, num_attention_heads=4,
             num_key_value_heads=2)
 
 
-def bf16_pair(build, family: str, **overrides):
-    """(plain, packed): two bfloat16 copies of one tiny model of ``family`` (``build``: the
+def bf16_pair(build, family: str, dtype: torch.dtype = torch.bfloat16, **overrides):
+    """(plain, packed): two copies in ``dtype`` of one tiny model of ``family`` (``build``: the
     ``fresh_lm`` fixture); Gemma 2 on eager attention, which is all it has."""
     attn = "eager" if family == "gemma2" else "sdpa"
-    plain = build(family, 3, attn, **WIDE, **overrides).to(torch.bfloat16)
-    packed = build(family, 3, attn, **WIDE, **overrides).to(torch.bfloat16)
+    plain = build(family, 3, attn, **WIDE, **overrides).to(dtype)
+    packed = build(family, 3, attn, **WIDE, **overrides).to(dtype)
     pack_weights(packed)
     return plain, packed
 
@@ -131,18 +135,58 @@ def test_packing_lets_go_of_the_model_files_memory_map(fresh_lm, tmp_path) -> No
     assert torch.equal(lookahead.generate(model, prompt, max_new_tokens=8).sequences, before)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-def test_only_bfloat16_weights_are_packed(fresh_lm, dtype) -> None:
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float64])
+def test_only_bfloat16_and_float32_weights_are_packed(fresh_lm, dtype) -> None:
     model = fresh_lm("llama").to(dtype)
     problem = packing_problem(model)
-    assert problem is not None and "bfloat16" in problem
-    with pytest.raises(ValueError, match="model: .*bfloat16"):
+    assert problem is not None and "bfloat16 or float32" in problem
+    with pytest.raises(ValueError, match="model: .*bfloat16 or float32"):
         pack_weights(model)
-    with pytest.raises(ValueError, match="packed_weights: .*bfloat16"):
+    with pytest.raises(ValueError, match="packed_weights: .*bfloat16 or float32"):
         apply_packing(model, True)
     assert apply_packing(model, None) is False  # the default: where it can be done
     assert apply_packing(model, False) is False
     assert not is_packed(model)
+    with pytest.raises(ValueError, match="packed_weights applies to dtype bfloat16 or float32"):
+        BenchConfig(dtype=str(dtype).removeprefix("torch."), packed_weights=True)
+
+
+@needs_float32_packing
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+def test_packed_float32_logits_differ_from_plain_only_in_the_last_bits(fresh_lm, family) -> None:
+    """oneDNN's float32 sums are not MKL's, so not bit for bit: close, at every pass size."""
+    plain, packed = bf16_pair(fresh_lm, family, torch.float32)
+    ids = torch.randint(0, 256, (2, 16 + 1 + 5 + 16), generator=torch.Generator().manual_seed(1))
+    for ours, theirs in zip(logits_in_steps(packed, ids, [1, 5, 16]),
+                            logits_in_steps(plain, ids, [1, 5, 16]), strict=True):
+        torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-5)
+
+
+@needs_float32_packing
+@pytest.mark.parametrize("method, options", [
+    ("lookahead", dict(window=3, ngram=3, guess=2, token_cost=0.0)),
+    ("prompt_lookup", dict(num_draft_tokens=4)),
+])
+def test_decoding_on_packed_float32_weights_writes_what_generate_writes(fresh_lm, method,
+                                                                       options) -> None:
+    plain, packed = bf16_pair(fresh_lm, "llama", torch.float32, tie_word_embeddings=True)
+    prompt = torch.randint(0, 256, (1, 12), generator=torch.Generator().manual_seed(2))
+    prompt = torch.cat([prompt, prompt], dim=1)  # something for the copy to find
+    reference = plain.generate(prompt, max_new_tokens=40, do_sample=False)
+    assert torch.equal(packed.generate(prompt, max_new_tokens=40, do_sample=False), reference)
+    ours = lookahead.generate(packed, prompt, 40, method, **options)
+    assert torch.equal(ours.sequences, reference)
+    assert ours.stats.steps < 40  # several tokens were accepted in some pass
+
+
+@needs_float32_packing
+def test_float32_is_packed_only_when_asked_for(fresh_lm) -> None:
+    model = fresh_lm("llama").to(torch.float32)
+    assert apply_packing(model, None) is False and not is_packed(model)
+    assert apply_packing(model, True) is True and is_packed(model)
+    assert apply_packing(model, None) is True  # already packed
+    assert BenchConfig(dtype="float32").setting == "float32"
+    assert BenchConfig(dtype="float32", packed_weights=True).setting == "float32+packed"
 
 
 def test_the_cpu_probe_says_whether_packing_works_here(fresh_lm) -> None:
@@ -160,7 +204,8 @@ def test_a_cpu_that_cannot_pack_keeps_plain_weights_unless_told_to_pack(fresh_lm
                                                                         ) -> None:
     """On an AVX2-only CPU oneDNN cannot reorder bfloat16 weights: the default (None) must fall
     back to plain weights, and bench must label its setting plain, not "+packed"."""
-    monkeypatch.setattr(packing, "cpu_packing_problem", lambda: "this CPU cannot (a test)")
+    monkeypatch.setattr(packing, "cpu_packing_problem",
+                        lambda dtype=torch.bfloat16: "this CPU cannot (a test)")
     model = fresh_lm("llama").to(torch.bfloat16)
     assert apply_packing(model, None) is False and not is_packed(model)
     with pytest.raises(ValueError, match=r"packed_weights: this CPU cannot \(a test\)"):
@@ -182,12 +227,10 @@ def test_bench_packs_bfloat16_and_labels_the_setting() -> None:
     assert BenchConfig(packed_weights=True).setting == "bfloat16+packed"
     assert BenchConfig(packed_weights=False).setting == "bfloat16"
     assert BenchConfig(dtype="bfloat16").setting == "bfloat16+packed"
-    assert BenchConfig(dtype="float32").setting == "float32"
+    assert BenchConfig(dtype="float32").setting == "float32"  # float32 only when asked
     plan = BenchConfig(methods=("lookahead",), baseline_dtypes=("bfloat16",)).plan()
     assert plan == [("hf", "bfloat16+packed"), ("hf", "bfloat16"),
                     ("lookahead", "bfloat16+packed")]
-    with pytest.raises(ValueError, match="packed_weights"):
-        BenchConfig(dtype="float32", packed_weights=True)
 
 
 def test_bench_summary_takes_the_best_plain_baseline_and_checks_the_packed_one() -> None:

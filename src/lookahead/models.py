@@ -299,8 +299,8 @@ def load_model(
             ``lookahead.grouped_attention.grouped_sdpa``, the same attention without copying
             the cache in steps of several tokens (see that module); False keeps "sdpa".
         packed_weights: lay the linear weights out once for oneDNN
-            (:func:`lookahead.packing.pack_weights`): the same outputs, faster forward passes
-            on a CPU; bfloat16 only.
+            (:func:`lookahead.packing.pack_weights`): faster forward passes on a CPU, in
+            bfloat16 with the same sums, in float32 with sums that differ in the last bits.
 
     Raises:
         ValueError: unknown name, a bad ``dtype``, or ``packed_weights`` where the model

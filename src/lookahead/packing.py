@@ -1,4 +1,4 @@
-"""Linear layers whose weights are laid out once for oneDNN: the same sums, in less time.
+"""Linear layers whose weights are laid out once for oneDNN: faster forward passes on a CPU.
 
 On a CPU, ``torch.nn.functional.linear`` in bfloat16 runs oneDNN's matrix product from the
 weight's plain row-major layout on every call. Reordering each weight once into the blocked
@@ -8,15 +8,21 @@ gives the same logits, bit for bit, in less time. Measured on an AMD EPYC, 2 thr
 Qwen2.5-Coder-1.5B's forward pass of 1 / 8 / 16 tokens over a 300-token cache took
 195 / 215 / 274 ms with plain weights and 145 / 147 / 190 ms packed (``docs/packed-weights.md``).
 
-Packing needs a CPU whose bfloat16 products oneDNN can run from a packed layout (AVX512 BW/VL/DQ
-or AVX-NE-CONVERT): on an AVX2-only CPU (an AMD EPYC 7003) the default is plain weights, and
+Float32 can be packed too, but only when asked for (``packed_weights=True``): there the plain
+``F.linear`` runs MKL, and oneDNN's sums differ from MKL's in the last bits (a few 1e-6), so
+a near-tie could go the other way. That is the same kind of difference as MKL's own between a
+pass of one token and a pass of several (up to 5e-5), which every verifying decoder on plain
+float32 weights already lives with. It pays where MKL's product of a few rows is slow: on an
+AVX2-only AMD EPYC, SmolLM2-135M's float32 pass of 4 tokens took about 110 ms packed against
+145 ms plain. The default packs bfloat16 only, so that the default never changes a sum.
+
+Bfloat16 packing needs a CPU whose bfloat16 products oneDNN can run from a packed layout
+(AVX512 BW/VL/DQ or AVX-NE-CONVERT): on an AVX2-only CPU the default is plain weights, and
 asking for packed ones is an error that says why (:func:`cpu_packing_problem`).
 
-Packing is for inference, and only in bfloat16: float32 products take another path (MKL),
-whose sums differ from oneDNN's in the last bits, so a packed float32 model would not write
-exactly what the plain one does. A packed model stays on the CPU (its packed weights are not
-parameters, ``model.to`` does not move them). A weight tied to the input embeddings (the
-output layer of many small models) gets a packed copy: Qwen2.5-Coder-1.5B needs 0.47 GB more.
+A packed model stays on the CPU and is for inference (its packed weights are not parameters,
+``model.to`` does not move them). A weight tied to the input embeddings (the output layer of
+many small models) gets a packed copy: Qwen2.5-Coder-1.5B needs 0.47 GB more in bfloat16.
 The weights left unpacked are copied off the model file's memory map, so that the map (the
 whole file) can be released: packed, Qwen2.5-Coder-1.5B's process holds 4.1 GB, not 6.7 GB.
 
@@ -37,6 +43,11 @@ logger = logging.getLogger(__name__)
 # The batch size oneDNN is told to expect when it chooses the packed layout. On the CPUs
 # measured the layout was the same for 1, 8 and 32, and so was the speed at every size.
 _BATCH_HINT = 1
+
+# The weight dtypes oneDNN's packed products take, and those packed by default: in bfloat16 the
+# plain product is oneDNN's own, so packing keeps every sum; in float32 it is MKL's.
+PACKABLE = (torch.bfloat16, torch.float32)
+PACKED_BY_DEFAULT = (torch.bfloat16,)
 
 
 class PackedLinear(torch.nn.Module):
@@ -68,22 +79,37 @@ def is_packed(model: torch.nn.Module) -> bool:
     return any(isinstance(m, PackedLinear) for m in model.modules())
 
 
+def linear_dtype(model: torch.nn.Module) -> torch.dtype | None:
+    """The dtype of ``model``'s plain linear weights; None when they have none or several."""
+    dtypes = {m.weight.dtype for m in model.modules() if type(m) is torch.nn.Linear}
+    return dtypes.pop() if len(dtypes) == 1 else None
+
+
 def packing_problem(model: torch.nn.Module) -> str | None:
     """Why ``model`` cannot have its weights packed, or None when it can."""
     linears = [m for m in model.modules() if type(m) is torch.nn.Linear]
     devices = {m.weight.device.type for m in linears}
     if devices - {"cpu"}:
         return f"packed weights are for the CPU; the model's weights are on {sorted(devices)}"
-    dtypes = {m.weight.dtype for m in linears}
-    if dtypes - {torch.bfloat16}:
-        names = sorted(str(d).removeprefix("torch.") for d in dtypes)
-        return (f"packed weights keep the output exact in bfloat16 only; the model's linear "
-                f"weights are {', '.join(names)} (load it with dtype='bfloat16')")
-    return cpu_packing_problem()
+    if not linears:
+        return None  # packed already, or nothing to pack
+    dtype = linear_dtype(model)
+    if dtype not in PACKABLE:
+        names = sorted(str(m.weight.dtype).removeprefix("torch.") for m in linears)
+        return (f"packed weights are bfloat16 or float32; the model's linear weights are "
+                f"{', '.join(dict.fromkeys(names))} (load it with dtype='bfloat16' or 'float32')")
+    return cpu_packing_problem(dtype)
 
 
-def cpu_packing_problem() -> str | None:
-    """Why this CPU cannot hold bfloat16 weights packed for oneDNN, or None when it can.
+def check_packable_dtype(packed_weights: bool | None, dtype: str) -> None:
+    """Raise ValueError naming ``packed_weights`` when it is True for a ``dtype`` (a name, e.g.
+    "float64") that cannot be packed; the CPU is asked only when the model is packed."""
+    if packed_weights and getattr(torch, dtype, None) not in PACKABLE:
+        raise ValueError(f"packed_weights applies to dtype bfloat16 or float32, got {dtype}")
+
+
+def cpu_packing_problem(dtype: torch.dtype = torch.bfloat16) -> str | None:
+    """Why this CPU cannot hold ``dtype`` weights packed for oneDNN, or None when it can.
 
     oneDNN's bfloat16 reorder needs AVX512 (BW, VL, DQ) or AVX-NE-CONVERT: on an AVX2-only
     CPU (an AMD EPYC 7003, say) it raises. Rather than keep a list of CPU flags in step with
@@ -91,21 +117,22 @@ def cpu_packing_problem() -> str | None:
     """
     if not torch.backends.mkldnn.is_available():
         return "this PyTorch build has no oneDNN (torch.backends.mkldnn.is_available() is False)"
+    name = str(dtype).removeprefix("torch.")
     try:
-        torch.ops.mkldnn._reorder_linear_weight(torch.zeros(32, 32, dtype=torch.bfloat16),
-                                                _BATCH_HINT)
+        torch.ops.mkldnn._reorder_linear_weight(torch.zeros(32, 32, dtype=dtype), _BATCH_HINT)
     except RuntimeError as error:
-        return f"this CPU cannot run oneDNN's packed bfloat16 products ({error})"
+        return f"this CPU cannot run oneDNN's packed {name} products ({error})"
     return None
 
 
 def pack_weights(model: torch.nn.Module) -> int:
-    """Swap each ``torch.nn.Linear`` of ``model`` (bfloat16, on the CPU) for a
+    """Swap each ``torch.nn.Linear`` of ``model`` (bfloat16 or float32, on the CPU) for a
     :class:`PackedLinear`, in place; return how many were swapped (0 when already packed).
+    In float32 the sums change in the last bits (see the module's docstring).
 
     Raises:
-        ValueError: naming ``model``, when it is not on the CPU, not in bfloat16, or this
-            PyTorch has no oneDNN.
+        ValueError: naming ``model``, when it is not on the CPU, not in bfloat16 or float32,
+            or this PyTorch or CPU cannot run oneDNN's packed products in its dtype.
     """
     problem = packing_problem(model)
     if problem is not None:
@@ -142,19 +169,20 @@ def _own_remaining_weights(model: torch.nn.Module) -> None:
 
 
 def apply_packing(model: torch.nn.Module, packed: bool | None) -> bool:
-    """Pack ``model``'s weights when ``packed`` is True, never when False, and where it can be
-    done when None (the command line's default); return whether they are packed.
+    """Pack ``model``'s weights when ``packed`` is True, never when False, and when None (the
+    command line's default) where that keeps every sum: bfloat16, on a CPU that can pack it.
+    Return whether they are packed.
 
     Raises:
         ValueError: naming ``packed_weights``, when True and the model cannot be packed.
     """
-    if packed is False:
-        return False
+    if packed is False or is_packed(model):
+        return is_packed(model)
     problem = packing_problem(model)
-    if problem is None:
+    if problem is None and (packed or linear_dtype(model) in PACKED_BY_DEFAULT):
         pack_weights(model)
         return True
     if packed:
         raise ValueError(f"packed_weights: {problem}")
-    logger.info("weights not packed: %s", problem)
+    logger.info("weights not packed: %s", problem or "float32 is packed only when asked for")
     return False

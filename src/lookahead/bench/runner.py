@@ -41,7 +41,13 @@ from lookahead.config import check_int
 from lookahead.datasets import BUNDLED_DATASETS, encode_prompt, load_prompts
 from lookahead.datastore import Datastore, load_datastore
 from lookahead.memory import MEMORY_METHODS, TextMemory
-from lookahead.models import AUTO_DTYPE, DEFAULT_MODEL, dtype_name, load_model
+from lookahead.models import (
+    AUTO_DTYPE,
+    DEFAULT_MODEL,
+    dtype_name,
+    load_model,
+    resolve_dtype,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -60,8 +66,8 @@ class BenchConfig:
         The baseline ``hf`` always runs in ``dtype``; it also runs in each ``baseline_dtypes``
         (with plain weights) so that speed-ups can be given against the fastest plain setting.
     datasets: bundled names ("humaneval", "mtbench", "gsm8k") or JSONL paths.
-    packed_weights: run the methods on a model with packed weights (``lookahead.packing``);
-        None packs in bfloat16 when this PyTorch has oneDNN. The setting is then labelled
+    packed_weights: run the methods on a model with packed weights (``lookahead.packing``),
+        bfloat16 or float32; None packs in bfloat16 where this CPU can. The setting is then labelled
         e.g. "bfloat16+packed", and ``hf`` runs there too.
     """
 
@@ -97,15 +103,15 @@ class BenchConfig:
         needing = [m for m in self.methods or () if m in NEEDS_DRAFT]
         if needing and self.draft_model is None:
             raise ValueError(f"method(s) {needing} need a draft model: pass --draft-model NAME")
-        if self.packed_weights and self.dtype != "bfloat16":
-            raise ValueError(f"packed_weights applies to dtype bfloat16 only, got {self.dtype}")
+        packing.check_packable_dtype(self.packed_weights, self.dtype)
 
     @property
     def packs(self) -> bool:
         """Whether the methods run on packed weights."""
         if self.packed_weights is not None:
             return self.packed_weights
-        return self.dtype == "bfloat16" and packing.cpu_packing_problem() is None
+        dtype = resolve_dtype(self.dtype)
+        return dtype in packing.PACKED_BY_DEFAULT and packing.cpu_packing_problem(dtype) is None
 
     @property
     def setting(self) -> str:

@@ -66,7 +66,7 @@ from lookahead.models import (
     dtype_name,
     load_model,
 )
-from lookahead.packing import apply_packing
+from lookahead.packing import apply_packing, check_packable_dtype
 
 logger = logging.getLogger(__name__)
 
@@ -136,8 +136,7 @@ class TuneConfig:
             check_spec(self.datastore)  # before the model loads
         if self.workload is not None:
             check_workload(self.workload)
-        if self.packed_weights and self.dtype != "bfloat16":
-            raise ValueError(f"packed_weights applies to dtype bfloat16 only, got {self.dtype}")
+        check_packable_dtype(self.packed_weights, self.dtype)
         if not self.tokens:
             raise ValueError("tokens must list at least one forward size")
         for k in self.tokens:

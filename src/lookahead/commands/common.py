@@ -178,8 +178,9 @@ def add_model_args(parser: argparse.ArgumentParser, *, default: str | None = DEF
         "--packed-weights",
         action=argparse.BooleanOptionalAction,
         default=None,
-        help="lay the linear weights out once for oneDNN: the same output, faster forward "
-        "passes on a CPU (default: on where the model allows it, bfloat16 on a CPU)",
+        help="lay the linear weights out once for oneDNN: faster forward passes on a CPU; the "
+        "same sums in bfloat16, sums that differ in the last bits in float32 (default: on "
+        "for bfloat16 where the CPU can pack it, off for float32)",
     )
 
 

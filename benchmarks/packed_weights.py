@@ -4,8 +4,9 @@ Loads the model twice in ``--dtype`` (bfloat16 by default, or float32), once wit
 weights packed for oneDNN (``lookahead.packing``), and measures, in alternating rounds so that
 a slow spell of a shared machine hits both alike, the median cost of a forward pass of k new
 tokens after a prompt (``lookahead.bench.tune.forward_cost_curve``). Then it prints the largest
-difference between their logits over every k (0 in bfloat16: bit for bit), and whether HF
-``generate`` writes the same tokens on both, and times it.
+difference between their logits over every k (0 in bfloat16: bit for bit); for scale, how far
+each model's own logits move when the largest k tokens go in one pass rather than one by one;
+and whether HF ``generate`` writes the same tokens on both, and times it.
 
     python benchmarks/packed_weights.py --model qwen2.5-coder-1.5b --threads 2 \
         --plot docs/results/packed-weights-qwen2.5-coder-1.5b.png
@@ -71,6 +72,23 @@ def logit_difference(models: dict, prompt: torch.Tensor, tokens: list[int]) -> f
                for a, b in zip(*outputs, strict=True))
 
 
+def pass_size_difference(model, prompt: torch.Tensor, k: int) -> float:
+    """The largest absolute difference between ``model``'s logits for k tokens after
+    ``prompt`` fed in one pass and fed one by one: what verifying k tokens at once changes
+    against decoding them, on the same weights."""
+    with torch.inference_mode():
+        runs = []
+        for sizes in ([k], [1] * k):
+            cache = {cache_keyword(model): new_cache()}
+            model(input_ids=prompt, **cache)
+            start, logits = 0, []
+            for size in sizes:
+                logits.append(model(input_ids=prompt[:, start:start + size], **cache).logits)
+                start += size
+            runs.append(torch.cat(logits, dim=1).float())
+    return (runs[0] - runs[1]).abs().max().item()
+
+
 def plot(costs: dict[str, list], tokens: list[int], title: str, path: Path) -> None:
     """Both curves, ms against k, as a PNG at ``path``."""
     figure = Figure(figsize=(6.0, 4.0), dpi=120)
@@ -128,6 +146,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"| {k} | {1000 * plain:.1f} | {1000 * packed:.1f} | {plain / packed:.2f}x |")
     difference = logit_difference(models, prompt, tokens)
     print(f"\nlargest logit difference over every k: {difference:.3g}")
+    k = max(tokens)
+    print(f"the same weights, {k} tokens in one pass against one by one: plain "
+          + ", packed ".join(f"{pass_size_difference(m, prompt, k):.3g}"
+                             for m in models.values()))
     (plain_tokens, plain_speed), (packed_tokens, packed_speed) = (
         timed_generate(model, prompt, args.max_new_tokens) for model in models.values())
     print(f"HF generate, {args.max_new_tokens} tokens: plain {plain_speed:.1f} tok/s, packed "

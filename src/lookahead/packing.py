@@ -96,9 +96,9 @@ def packing_problem(model: torch.nn.Module) -> str | None:
         return None  # packed already, or nothing to pack
     dtype = linear_dtype(model)
     if dtype not in PACKABLE:
-        names = sorted(str(m.weight.dtype).removeprefix("torch.") for m in linears)
+        names = sorted({str(m.weight.dtype).removeprefix("torch.") for m in linears})
         return (f"packed weights are bfloat16 or float32; the model's linear weights are "
-                f"{', '.join(dict.fromkeys(names))} (load it with dtype='bfloat16' or 'float32')")
+                f"{', '.join(names)} (load it with dtype='bfloat16' or 'float32')")
     return cpu_packing_problem(dtype)
 
 

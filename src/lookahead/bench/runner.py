@@ -67,8 +67,8 @@ class BenchConfig:
         (with plain weights) so that speed-ups can be given against the fastest plain setting.
     datasets: bundled names ("humaneval", "mtbench", "gsm8k") or JSONL paths.
     packed_weights: run the methods on a model with packed weights (``lookahead.packing``),
-        bfloat16 or float32; None packs in bfloat16 where this CPU can. The setting is then labelled
-        e.g. "bfloat16+packed", and ``hf`` runs there too.
+        bfloat16 or float32; None packs in bfloat16 where this CPU can. The setting is then
+        labelled e.g. "bfloat16+packed", and ``hf`` runs there too.
     """
 
     model: str = DEFAULT_MODEL

@@ -33,6 +33,7 @@ from lookahead.bench.tune import (
 )
 from lookahead.cli import build_parser, main
 from lookahead.config import LookaheadConfig
+from lookahead.packing import cpu_packing_problem
 from lookahead.commands.common import UsageError, method_options
 
 # A small vocabulary makes a random model repeat itself, so proposers get accepted.
@@ -100,6 +101,22 @@ def test_bench_runs_every_method_and_writes_results(tiny, capsys) -> None:
     for name in ("speedups.png", "tokens_per_step.png"):
         assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert (out / "results.md").read_text().startswith("model ")
+
+
+@pytest.mark.skipif(cpu_packing_problem(torch.float32) is not None,
+                    reason="this PyTorch cannot pack float32")
+def test_bench_runs_float32_packed_when_asked_and_checks_it_against_plain(tiny, capsys) -> None:
+    out = tiny["out"] / "float32-packed"
+    argv = _bench_argv(tiny, "--dtype", "float32", "--baseline-dtypes", "float32", "--methods",
+                       "hf,lookahead", "--packed-weights", "--no-plots", "--out", str(out))
+    assert main(argv) == 0
+    rows = {(r["method"], r["dtype"]): r
+            for r in json.loads((out / "results.json").read_text())["summary"]["prompts"]}
+    assert set(rows) == {("hf", "float32+packed"), ("hf", "float32"),
+                         ("lookahead", "float32+packed")}
+    assert rows[("hf", "float32")]["identical"] is None  # the plain baseline
+    assert rows[("hf", "float32+packed")]["identical"] == 2  # against the plain weights
+    assert rows[("lookahead", "float32+packed")]["identical"] == 2  # against packed HF
 
 
 def test_bench_header_names_the_shape_only_when_lookahead_runs(tiny, capsys) -> None:

@@ -22,7 +22,7 @@ import torch
 from packed_weights import curves, load_settings, plot  # the same, per dtype
 
 from lookahead.bench.args import dtype_list, positive_int
-from lookahead.models import preferred_dtype
+from lookahead.models import AUTO_DTYPE, dtype_name
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -43,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     tokens = [int(k) for k in args.tokens.split(",")]
     models, _, prompt = load_settings(args, {d: dict(dtype=d) for d in args.dtypes})
     costs = curves(models, prompt, tokens, args)
-    auto = str(preferred_dtype()).removeprefix("torch.")
+    auto = dtype_name(AUTO_DTYPE)
     setting = (f"{args.model}, {torch.get_num_threads()} threads, {prompt.shape[1]}-token "
                f"prompt, {platform.processor() or platform.machine()}, "
                f"{torch.backends.cpu.get_cpu_capability()}")

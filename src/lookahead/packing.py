@@ -102,11 +102,12 @@ def packing_problem(model: torch.nn.Module) -> str | None:
     return cpu_packing_problem(dtype)
 
 
-def check_packable_dtype(packed_weights: bool | None, dtype: str) -> None:
-    """Raise ValueError naming ``packed_weights`` when it is True for a ``dtype`` (a name, e.g.
-    "float64") that cannot be packed; the CPU is asked only when the model is packed."""
-    if packed_weights and getattr(torch, dtype, None) not in PACKABLE:
-        raise ValueError(f"packed_weights applies to dtype bfloat16 or float32, got {dtype}")
+def check_packable_dtype(packed_weights: bool | None, dtype: torch.dtype) -> None:
+    """Raise ValueError naming ``packed_weights`` when it is True for a ``dtype`` that cannot be
+    packed; the CPU is asked only when the model is packed."""
+    if packed_weights and dtype not in PACKABLE:
+        name = str(dtype).removeprefix("torch.")
+        raise ValueError(f"packed_weights applies to dtype bfloat16 or float32, got {name}")
 
 
 def cpu_packing_problem(dtype: torch.dtype = torch.bfloat16) -> str | None:

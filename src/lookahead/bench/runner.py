@@ -103,7 +103,7 @@ class BenchConfig:
         needing = [m for m in self.methods or () if m in NEEDS_DRAFT]
         if needing and self.draft_model is None:
             raise ValueError(f"method(s) {needing} need a draft model: pass --draft-model NAME")
-        packing.check_packable_dtype(self.packed_weights, self.dtype)
+        packing.check_packable_dtype(self.packed_weights, resolve_dtype(self.dtype))
 
     @property
     def packs(self) -> bool:

@@ -65,6 +65,7 @@ from lookahead.models import (
     default_cache_dir,
     dtype_name,
     load_model,
+    resolve_dtype,
 )
 from lookahead.packing import apply_packing, check_packable_dtype
 
@@ -136,7 +137,7 @@ class TuneConfig:
             check_spec(self.datastore)  # before the model loads
         if self.workload is not None:
             check_workload(self.workload)
-        check_packable_dtype(self.packed_weights, self.dtype)
+        check_packable_dtype(self.packed_weights, resolve_dtype(self.dtype))
         if not self.tokens:
             raise ValueError("tokens must list at least one forward size")
         for k in self.tokens:

@@ -42,7 +42,6 @@ from lookahead.models import (
     DEFAULT_MODEL,
     ModelNotAvailableError,
     load_model,
-    preferred_dtype,
 )
 from lookahead.models import dtype_name as canonical_dtype_name
 from lookahead.stats import GenerationStats
@@ -137,7 +136,7 @@ def float_in(low: float, high: float, *, low_open: bool = False,
 DTYPE_HELP = (
     f"weight dtype: auto, bfloat16, float32, ... (default: auto, bfloat16 where the CPU "
     f"multiplies it natively (AVX512-BF16 or AMX), else float32; here: "
-    f"{str(preferred_dtype()).removeprefix('torch.')})"
+    f"{canonical_dtype_name(AUTO_DTYPE)})"
 )
 
 

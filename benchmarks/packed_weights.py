@@ -1,7 +1,8 @@
 """Packed weights against plain ones: the forward-cost curve, and how far the logits differ.
 
 Loads the model twice in ``--dtype`` (bfloat16 by default, or float32), once with its linear
-weights packed for oneDNN (``lookahead.packing``), and measures, in alternating rounds so that
+linear layers packed (``lookahead.packing``: laid out for oneDNN in bfloat16, taken
+weight first in float32), and measures, in alternating rounds so that
 a slow spell of a shared machine hits both alike, the median cost of a forward pass of k new
 tokens after a prompt (``lookahead.bench.tune.forward_cost_curve``). Then it prints the largest
 difference between their logits over every k (0 in bfloat16: bit for bit); for scale, how far

@@ -138,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prompt", type=int, default=0, help="HumanEval index (0)")
     parser.add_argument("--steps", type=positive_int, default=40)
     parser.add_argument("--threads", type=positive_int)
-    parser.add_argument("--packed", action="store_true", help="pack the weights for oneDNN")
+    parser.add_argument("--packed", action="store_true", help="pack the linear layers")
     parser.add_argument("--pyinstrument", action="store_true")
     args = parser.parse_args(argv)
     apply_threads(args.threads)

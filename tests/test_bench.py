@@ -33,7 +33,6 @@ from lookahead.bench.tune import (
 )
 from lookahead.cli import build_parser, main
 from lookahead.config import LookaheadConfig
-from lookahead.packing import cpu_packing_problem
 from lookahead.commands.common import UsageError, method_options
 
 # A small vocabulary makes a random model repeat itself, so proposers get accepted.
@@ -103,8 +102,6 @@ def test_bench_runs_every_method_and_writes_results(tiny, capsys) -> None:
     assert (out / "results.md").read_text().startswith("model ")
 
 
-@pytest.mark.skipif(cpu_packing_problem(torch.float32) is not None,
-                    reason="this PyTorch cannot pack float32")
 def test_bench_runs_float32_packed_when_asked_and_checks_it_against_plain(tiny, capsys) -> None:
     out = tiny["out"] / "float32-packed"
     argv = _bench_argv(tiny, "--dtype", "float32", "--baseline-dtypes", "float32", "--methods",

@@ -200,8 +200,6 @@ def test_generate_on_packed_weights_prints_what_plain_weights_print(tiny_folder,
     assert plain.strip() and packed == plain == default
 
 
-@pytest.mark.skipif(cpu_packing_problem(torch.float32) is not None,
-                    reason="this PyTorch cannot pack float32")
 def test_generate_packs_float32_only_when_asked_and_prints_the_same(tiny_folder, capsys,
                                                                     monkeypatch) -> None:
     packed_models = []

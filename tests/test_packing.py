@@ -1,5 +1,6 @@
 """Packed weights (``lookahead.packing``): the same logits and outputs, bit for bit, in bfloat16;
-in float32 (packed only when asked for) logits within a few 1e-6 and the same outputs.
+in float32 (swapped only when asked for) one-row logits bit for bit, several rows' within a
+few 1e-6, and the same outputs.
 
 The models are tiny random-weight ones, a little wider than conftest's (oneDNN blocks its
 products; 32 wide would fit in one block), converted to bfloat16: a packed copy must give
@@ -15,20 +16,20 @@ import os
 import pytest
 import torch
 import transformers
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import lookahead
 from lookahead.bench.report import summarise
 from lookahead.bench.runner import BenchConfig
 from lookahead.cache import cache_keyword, new_cache
 from lookahead import packing
-from lookahead.packing import PackedLinear, apply_packing, is_packed, pack_weights, packing_problem
+from lookahead.packing import (PackedLinear, WeightFirstLinear, apply_packing, is_packed,
+                               pack_weights, packing_problem)
 
 # Packing needs oneDNN, and a CPU whose bfloat16 reorder it supports (AVX512 or AVX-NE-CONVERT).
 CPU_PROBLEM = packing.cpu_packing_problem()
 needs_packing = pytest.mark.skipif(CPU_PROBLEM is not None, reason=str(CPU_PROBLEM))
-FLOAT32_PROBLEM = packing.cpu_packing_problem(torch.float32)
-needs_float32_packing = pytest.mark.skipif(FLOAT32_PROBLEM is not None,
-                                           reason=str(FLOAT32_PROBLEM))
 
 WIDE = dict(vocab_size=256, hidden_size=128, intermediate_size=384, num_attention_heads=4,
             num_key_value_heads=2)
@@ -151,10 +152,10 @@ def test_only_bfloat16_and_float32_weights_are_packed(fresh_lm, dtype) -> None:
         BenchConfig(dtype=str(dtype).removeprefix("torch."), packed_weights=True)
 
 
-@needs_float32_packing
 @pytest.mark.parametrize("family", ["llama", "qwen2"])
 def test_packed_float32_logits_differ_from_plain_only_in_the_last_bits(fresh_lm, family) -> None:
-    """oneDNN's float32 sums are not MKL's, so not bit for bit: close, at every pass size."""
+    """Several rows taken weight first sum in another order, so not bit for bit: close, at
+    every pass size."""
     plain, packed = bf16_pair(fresh_lm, family, torch.float32)
     ids = torch.randint(0, 256, (2, 16 + 1 + 5 + 16), generator=torch.Generator().manual_seed(1))
     for ours, theirs in zip(logits_in_steps(packed, ids, [1, 5, 16]),
@@ -162,7 +163,6 @@ def test_packed_float32_logits_differ_from_plain_only_in_the_last_bits(fresh_lm,
         torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-5)
 
 
-@needs_float32_packing
 @pytest.mark.parametrize("method, options", [
     ("lookahead", dict(window=3, ngram=3, guess=2, token_cost=0.0)),
     ("prompt_lookup", dict(num_draft_tokens=4)),
@@ -179,7 +179,41 @@ def test_decoding_on_packed_float32_weights_writes_what_generate_writes(fresh_lm
     assert ours.stats.steps < 40  # several tokens were accepted in some pass
 
 
-@needs_float32_packing
+@settings(max_examples=30, deadline=None)
+@given(lead=st.lists(st.integers(1, 3), max_size=2), rows=st.integers(1, 9),
+       bias=st.booleans(), seed=st.integers(0, 2**16))
+def test_weight_first_linear_is_f_linear_to_the_last_bits(lead, rows, bias, seed) -> None:
+    """Any leading shape: the same values (bit for bit for one row), contiguous, same shape."""
+    torch.manual_seed(seed)
+    linear = torch.nn.Linear(48, 80, bias=bias)
+    x = torch.randn(*lead, rows, 48)
+    ours, theirs = WeightFirstLinear(linear)(x), linear(x)
+    assert ours.shape == theirs.shape and ours.is_contiguous()
+    if x.numel() == 48:
+        assert torch.equal(ours, theirs)
+    torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+def test_packed_float32_passes_of_one_token_keep_plain_logits_bit_for_bit(fresh_lm, family
+                                                                         ) -> None:
+    """One row goes to F.linear, so one token at a time decodes on plain float32's sums."""
+    plain, packed = bf16_pair(fresh_lm, family, torch.float32)
+    ids = torch.randint(0, 256, (1, 16 + 6), generator=torch.Generator().manual_seed(3))
+    ours, theirs = logits_in_steps(packed, ids, [1] * 6), logits_in_steps(plain, ids, [1] * 6)
+    assert all(torch.equal(a, b) for a, b in zip(ours[1:], theirs[1:], strict=True))
+
+
+def test_packing_float32_swaps_each_linear_and_shares_its_weights(fresh_lm) -> None:
+    model = fresh_lm("llama", **WIDE, tie_word_embeddings=True).to(torch.float32)
+    linears = sum(type(m) is torch.nn.Linear for m in model.modules())
+    assert pack_weights(model) == linears and is_packed(model)
+    assert all(type(m) is not torch.nn.Linear for m in model.modules())
+    assert isinstance(model.lm_head, WeightFirstLinear)
+    assert model.lm_head.weight is model.get_input_embeddings().weight  # still tied
+    assert "weight first" in repr(model.lm_head)
+
+
 def test_float32_is_packed_only_when_asked_for(fresh_lm) -> None:
     model = fresh_lm("llama").to(torch.float32)
     assert apply_packing(model, None) is False and not is_packed(model)

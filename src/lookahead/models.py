@@ -298,9 +298,10 @@ def load_model(
         grouped_attention: switch a model on transformers' SDPA attention to
             ``lookahead.grouped_attention.grouped_sdpa``, the same attention without copying
             the cache in steps of several tokens (see that module); False keeps "sdpa".
-        packed_weights: lay the linear weights out once for oneDNN
-            (:func:`lookahead.packing.pack_weights`): faster forward passes on a CPU, in
-            bfloat16 with the same sums, in float32 with sums that differ in the last bits.
+        packed_weights: swap the linear layers for faster ones on a CPU
+            (:func:`lookahead.packing.pack_weights`): in bfloat16 weights laid out once for
+            oneDNN, with the same sums; in float32 passes of several tokens taken weight
+            first, with sums that differ in the last bits.
 
     Raises:
         ValueError: unknown name, a bad ``dtype``, or ``packed_weights`` where the model

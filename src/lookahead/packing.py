@@ -1,4 +1,5 @@
-"""Linear layers whose weights are laid out once for oneDNN: faster forward passes on a CPU.
+"""Linear layers swapped for faster ones on a CPU: bfloat16 weights laid out once for oneDNN,
+float32 products taken weight first.
 
 On a CPU, ``torch.nn.functional.linear`` in bfloat16 runs oneDNN's matrix product from the
 weight's plain row-major layout on every call. Reordering each weight once into the blocked
@@ -8,14 +9,17 @@ gives the same logits, bit for bit, in less time. Measured on an AMD EPYC, 2 thr
 Qwen2.5-Coder-1.5B's forward pass of 1 / 8 / 16 tokens over a 300-token cache took
 195 / 215 / 274 ms with plain weights and 145 / 147 / 190 ms packed (``docs/packed-weights.md``).
 
-Float32 can be packed too, but only when asked for (``packed_weights=True``): there the plain
-``F.linear`` runs MKL, and oneDNN's sums differ from MKL's in the last bits, so a near-tie
-could go the other way. That is the same kind of difference, and of about the same size, as
-plain float32's own between feeding tokens in one pass and one by one, which every verifying
-decoder lives with: on SmolLM2-135M, 1.5e-4 between packed and plain logits, 8.2e-5 between
-plain logits of 64 tokens in one pass and one by one. It pays where MKL's product of a few
-rows is slow: on an AVX2-only AMD EPYC, SmolLM2-135M's float32 pass of 2 tokens took 71 ms
-packed against 95 ms plain. The default packs bfloat16 only, so the default never changes a sum.
+Float32 "packing" lays nothing out: it swaps each linear layer for a
+:class:`WeightFirstLinear`, which runs a pass of several rows as ``W @ x.T`` rather than
+``F.linear``'s ``x @ W.T``. MKL takes the first as a product with a tall left operand and
+runs it near the speed of memory; the second, with a few rows on the left, runs slowly on an
+AVX2-only AMD EPYC: there SmolLM2-135M's float32 pass of 2 tokens took 1.5x a pass of one plain
+and about 1.0x weight first (``docs/packed-weights.md``). A one-row pass is left to
+``F.linear``, so one token at a time gives plain float32's logits bit for bit. Several rows
+sum in another order, so they differ in the last bits: the same kind of difference, and of
+about the same size, as plain float32's own between feeding tokens in one pass and one by one,
+which every verifying decoder lives with (on SmolLM2-135M, 5.1e-5 against 5.3e-5). So float32
+is swapped only when asked for (``packed_weights=True``); the default changes no float32 sum.
 
 Bfloat16 packing needs a CPU whose bfloat16 products oneDNN can run from a packed layout
 (AVX512 BW/VL/DQ or AVX-NE-CONVERT): on an AVX2-only CPU the default is plain weights, and
@@ -45,8 +49,9 @@ logger = logging.getLogger(__name__)
 # measured the layout was the same for 1, 8 and 32, and so was the speed at every size.
 _BATCH_HINT = 1
 
-# The weight dtypes oneDNN's packed products take, and those packed by default: in bfloat16 the
-# plain product is oneDNN's own, so packing keeps every sum; in float32 it is MKL's.
+# The weight dtypes that can be packed, and those packed by default: in bfloat16 the plain
+# product is oneDNN's own, so packing keeps every sum; in float32 several rows sum in another
+# order (WeightFirstLinear).
 PACKABLE = (torch.bfloat16, torch.float32)
 PACKED_BY_DEFAULT = (torch.bfloat16,)
 
@@ -75,9 +80,39 @@ class PackedLinear(torch.nn.Module):
                 f"bias={self.bias is not None}, packed for oneDNN")
 
 
+class WeightFirstLinear(torch.nn.Module):
+    """``y = x @ W.T + b`` computed as ``(W @ x.T).T`` when x holds several rows; x: [..., in].
+
+    It holds the linear layer's own weight and bias (no copy: a weight tied to the input
+    embeddings stays tied). One row goes to ``F.linear`` unchanged, so one-token passes keep
+    plain float32's sums bit for bit.
+    """
+
+    def __init__(self, linear: torch.nn.Linear) -> None:
+        super().__init__()
+        self.in_features = linear.in_features
+        self.out_features = linear.out_features
+        self.weight = linear.weight
+        self.bias = linear.bias
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x: [..., in_features] -> [..., out_features], contiguous."""
+        rows = x.reshape(-1, self.in_features)  # [R, in]
+        if rows.shape[0] == 1:
+            return torch.nn.functional.linear(x, self.weight, self.bias)
+        y = torch.mm(self.weight, rows.t()).t().contiguous()  # [R, out]
+        if self.bias is not None:
+            y += self.bias
+        return y.reshape(*x.shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features}, out_features={self.out_features}, "
+                f"bias={self.bias is not None}, weight first for several rows")
+
+
 def is_packed(model: torch.nn.Module) -> bool:
     """Whether any linear layer of ``model`` holds packed weights."""
-    return any(isinstance(m, PackedLinear) for m in model.modules())
+    return any(isinstance(m, (PackedLinear, WeightFirstLinear)) for m in model.modules())
 
 
 def linear_dtype(model: torch.nn.Module) -> torch.dtype | None:
@@ -111,12 +146,15 @@ def check_packable_dtype(packed_weights: bool | None, dtype: torch.dtype) -> Non
 
 
 def cpu_packing_problem(dtype: torch.dtype = torch.bfloat16) -> str | None:
-    """Why this CPU cannot hold ``dtype`` weights packed for oneDNN, or None when it can.
+    """Why this CPU cannot hold ``dtype`` weights packed, or None when it can.
 
-    oneDNN's bfloat16 reorder needs AVX512 (BW, VL, DQ) or AVX-NE-CONVERT: on an AVX2-only
-    CPU (an AMD EPYC 7003, say) it raises. Rather than keep a list of CPU flags in step with
-    oneDNN's, reorder one small weight and see.
+    Float32 needs only PyTorch's own matrix product (:class:`WeightFirstLinear`). oneDNN's
+    bfloat16 reorder needs AVX512 (BW, VL, DQ) or AVX-NE-CONVERT: on an AVX2-only CPU (an AMD
+    EPYC 7003, say) it raises. Rather than keep a list of CPU flags in step with oneDNN's,
+    reorder one small weight and see.
     """
+    if dtype == torch.float32:
+        return None
     if not torch.backends.mkldnn.is_available():
         return "this PyTorch build has no oneDNN (torch.backends.mkldnn.is_available() is False)"
     name = str(dtype).removeprefix("torch.")
@@ -128,26 +166,28 @@ def cpu_packing_problem(dtype: torch.dtype = torch.bfloat16) -> str | None:
 
 
 def pack_weights(model: torch.nn.Module) -> int:
-    """Swap each ``torch.nn.Linear`` of ``model`` (bfloat16 or float32, on the CPU) for a
-    :class:`PackedLinear`, in place; return how many were swapped (0 when already packed).
-    In float32 the sums change in the last bits (see the module's docstring).
+    """Swap each ``torch.nn.Linear`` of ``model`` (on the CPU) for a :class:`PackedLinear` in
+    bfloat16 or a :class:`WeightFirstLinear` in float32, in place; return how many were
+    swapped (0 when already packed). In float32 the sums of several rows change in the last
+    bits (see the module's docstring).
 
     Raises:
         ValueError: naming ``model``, when it is not on the CPU, not in bfloat16 or float32,
-            or this PyTorch or CPU cannot run oneDNN's packed products in its dtype.
+            or this PyTorch or CPU cannot run oneDNN's packed bfloat16 products.
     """
     problem = packing_problem(model)
     if problem is not None:
         raise ValueError(f"model: cannot pack its weights: {problem}")
+    layer = WeightFirstLinear if linear_dtype(model) == torch.float32 else PackedLinear
     swapped = 0
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
             if type(child) is torch.nn.Linear:
-                setattr(parent, name, PackedLinear(child))
+                setattr(parent, name, layer(child))
                 swapped += 1
     if swapped:
         _own_remaining_weights(model)
-    logger.info("packed the weights of %d linear layers for oneDNN", swapped)
+    logger.info("swapped %d linear layers for %s", swapped, layer.__name__)
     return swapped
 
 

@@ -102,7 +102,7 @@ def add_comparison_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-new-tokens", type=positive_int, default=256)
     parser.add_argument("--threads", type=positive_int, help="torch threads (default: torch's)")
     parser.add_argument("--packed-weights", action=argparse.BooleanOptionalAction,
-                        help="pack the linear weights for oneDNN (default: as the commands "
+                        help="pack the linear layers (default: as the commands "
                         "do, bfloat16 where the CPU can pack it; float32 only when asked)")
 
 

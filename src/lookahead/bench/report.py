@@ -9,7 +9,7 @@ The results dict (also written as ``results.json``)::
     }
 
 A summary row describes one (method, dtype) on one data set. Its "dtype" names the weights
-a method ran on: a dtype, with "+packed" for weights packed for oneDNN (``lookahead.packing``).
+a method ran on: a dtype, with "+packed" for packed linear layers (``lookahead.packing``).
 
 * ``tokens_per_second``: all new tokens / all seconds (prefill included, as a user waits it);
 * ``speedup``: over HF ``generate`` greedy on the same weights (the baseline);

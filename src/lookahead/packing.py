@@ -111,7 +111,7 @@ class WeightFirstLinear(torch.nn.Module):
 
 
 def is_packed(model: torch.nn.Module) -> bool:
-    """Whether any linear layer of ``model`` holds packed weights."""
+    """Whether any linear layer of ``model`` was swapped by :func:`pack_weights`."""
     return any(isinstance(m, (PackedLinear, WeightFirstLinear)) for m in model.modules())
 
 

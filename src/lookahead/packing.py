@@ -185,7 +185,7 @@ def pack_weights(model: torch.nn.Module) -> int:
             if type(child) is torch.nn.Linear:
                 setattr(parent, name, layer(child))
                 swapped += 1
-    if swapped:
+    if swapped and layer is PackedLinear:  # WeightFirstLinear keeps the weights it was given
         _own_remaining_weights(model)
     logger.info("swapped %d linear layers for %s", swapped, layer.__name__)
     return swapped

@@ -24,8 +24,8 @@ from lookahead.bench.report import summarise
 from lookahead.bench.runner import BenchConfig
 from lookahead.cache import cache_keyword, new_cache
 from lookahead import packing
-from lookahead.packing import (PackedLinear, WeightFirstLinear, apply_packing, is_packed,
-                               pack_weights, packing_problem)
+from lookahead.packing import (BLOCK_ROWS, PackedLinear, WeightFirstLinear, apply_packing,
+                               is_packed, pack_weights, packing_problem)
 
 # Packing needs oneDNN, and a CPU whose bfloat16 reorder it supports (AVX512 or AVX-NE-CONVERT).
 CPU_PROBLEM = packing.cpu_packing_problem()
@@ -181,27 +181,48 @@ def test_decoding_on_packed_float32_weights_writes_what_generate_writes(fresh_lm
 
 @settings(max_examples=30, deadline=None)
 @given(lead=st.lists(st.integers(1, 3), max_size=2), rows=st.integers(1, 9),
-       bias=st.booleans(), seed=st.integers(0, 2**16))
-def test_weight_first_linear_is_f_linear_to_the_last_bits(lead, rows, bias, seed) -> None:
-    """Any leading shape: the same values (bit for bit for one row), contiguous, same shape."""
+       out=st.sampled_from([8, BLOCK_ROWS, 80, 3 * BLOCK_ROWS]), bias=st.booleans(),
+       seed=st.integers(0, 2**16))
+def test_weight_first_linear_is_f_linear_to_the_last_bits(lead, rows, out, bias, seed) -> None:
+    """Any leading shape, any number of output rows (whole blocks or not): the same values to
+    the last bits, contiguous, same shape."""
     torch.manual_seed(seed)
-    linear = torch.nn.Linear(48, 80, bias=bias)
+    linear = torch.nn.Linear(48, out, bias=bias)
     x = torch.randn(*lead, rows, 48)
     ours, theirs = WeightFirstLinear(linear)(x), linear(x)
     assert ours.shape == theirs.shape and ours.is_contiguous()
-    if x.numel() == 48:
-        assert torch.equal(ours, theirs)
     torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen2"])
-def test_packed_float32_passes_of_one_token_keep_plain_logits_bit_for_bit(fresh_lm, family
-                                                                         ) -> None:
-    """One row goes to F.linear, so one token at a time decodes on plain float32's sums."""
-    plain, packed = bf16_pair(fresh_lm, family, torch.float32)
-    ids = torch.randint(0, 256, (1, 16 + 6), generator=torch.Generator().manual_seed(3))
-    ours, theirs = logits_in_steps(packed, ids, [1] * 6), logits_in_steps(plain, ids, [1] * 6)
-    assert all(torch.equal(a, b) for a, b in zip(ours[1:], theirs[1:], strict=True))
+@pytest.mark.parametrize("out, blocked, products", [
+    (2 * BLOCK_ROWS + 22, 2 * BLOCK_ROWS, 1),  # whole blocks batched, the 22 rows left plain
+    (BLOCK_ROWS - 1, 0, 0),                    # not one whole block: all plain
+])
+def test_one_row_takes_the_weight_in_blocks_in_one_batched_product(monkeypatch, out, blocked,
+                                                                   products) -> None:
+    """The one-row path is the fast one: one bmm over W's whole blocks (not F.linear's
+    matrix-vector product), and F.linear for the rows left over."""
+    layer = WeightFirstLinear(torch.nn.Linear(48, out))
+    calls = []
+    real_bmm = torch.bmm
+    monkeypatch.setattr(torch, "bmm", lambda *a: calls.append(a[0].shape) or real_bmm(*a))
+    x = torch.randn(1, 48)
+    torch.testing.assert_close(layer(x), torch.nn.functional.linear(x, layer.weight, layer.bias),
+                               rtol=1e-5, atol=1e-5)
+    assert layer.blocked_rows == blocked and len(calls) == products
+    assert all(shape == (blocked // BLOCK_ROWS, BLOCK_ROWS, 48) for shape in calls)
+    layer(torch.randn(3, 48))  # several rows: one plain product, no blocks
+    assert len(calls) == products
+
+
+def test_a_strided_weight_is_taken_whole(monkeypatch) -> None:
+    """Blocks are views of W's rows; a weight that is a transposed view has none to give."""
+    linear = torch.nn.Linear(48, 2 * BLOCK_ROWS, bias=False)
+    linear.weight = torch.nn.Parameter(torch.randn(48, 2 * BLOCK_ROWS).t())
+    layer = WeightFirstLinear(linear)
+    x = torch.randn(1, 48)
+    assert layer.blocked_rows == 0
+    torch.testing.assert_close(layer(x), linear(x), rtol=1e-5, atol=1e-5)
 
 
 def test_packing_float32_swaps_each_linear_and_shares_its_weights(fresh_lm) -> None:

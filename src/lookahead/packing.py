@@ -14,12 +14,14 @@ Float32 "packing" lays nothing out: it swaps each linear layer for a
 ``F.linear``'s ``x @ W.T``. MKL takes the first as a product with a tall left operand and
 runs it near the speed of memory; the second, with a few rows on the left, runs slowly on an
 AVX2-only AMD EPYC: there SmolLM2-135M's float32 pass of 2 tokens took 1.5x a pass of one plain
-and about 1.0x weight first (``docs/packed-weights.md``). A one-row pass is left to
-``F.linear``, so one token at a time gives plain float32's logits bit for bit. Several rows
-sum in another order, so they differ in the last bits: the same kind of difference, and of
-about the same size, as plain float32's own between feeding tokens in one pass and one by one,
-which every verifying decoder lives with (on SmolLM2-135M, 7.2e-5 against 8.2e-5). So float32
-is swapped only when asked for (``packed_weights=True``); the default changes no float32 sum.
+and about 1.0x weight first (``docs/packed-weights.md``). One row goes through W in blocks, one
+batched product, which reads the weight on both threads where MKL's matrix-vector product
+reads it at one thread's speed: a one-token pass of SmolLM2-135M took 51 ms, against 74 ms
+plain. Both sum in another order than plain float32, so the logits differ in the last bits:
+the same kind of difference, and of about the same size, as plain float32's own between
+feeding tokens in one pass and one by one, which every verifying decoder lives with (on
+SmolLM2-135M, 7.2e-5 against 8.2e-5). So float32 is swapped only when asked for
+(``packed_weights=True``); the default changes no float32 sum.
 
 Bfloat16 packing needs a CPU whose bfloat16 products oneDNN can run from a packed layout
 (AVX512 BW/VL/DQ or AVX-NE-CONVERT): on an AVX2-only CPU the default is plain weights, and
@@ -55,6 +57,11 @@ _BATCH_HINT = 1
 PACKABLE = (torch.bfloat16, torch.float32)
 PACKED_BY_DEFAULT = (torch.bfloat16,)
 
+# Rows of W per block of WeightFirstLinear's one-row product: small enough that the blocks
+# share out evenly between threads (a 192-row layer is 3 blocks), big enough that each is
+# one product worth its call; 16 to 192 timed within a few per cent of each other.
+BLOCK_ROWS = 64
+
 
 class PackedLinear(torch.nn.Module):
     """``y = x @ W.T + b`` with W held in oneDNN's blocked layout; x: [..., in_features]."""
@@ -81,11 +88,14 @@ class PackedLinear(torch.nn.Module):
 
 
 class WeightFirstLinear(torch.nn.Module):
-    """``y = x @ W.T + b`` computed as ``(W @ x.T).T`` when x holds several rows; x: [..., in].
+    """``y = x @ W.T + b`` taken weight first, ``W @ x.T``; x: [..., in_features].
 
-    It holds the linear layer's own weight and bias (no copy: a weight tied to the input
-    embeddings stays tied). One row goes to ``F.linear`` unchanged, so one-token passes keep
-    plain float32's sums bit for bit.
+    Several rows: one product ``W @ x.T`` (MKL's fast case of a tall left operand). One row:
+    W's rows in blocks of ``BLOCK_ROWS``, one batched product ``[blocks, B, in] @ [in, 1]``,
+    which keeps both threads reading the weight, where MKL's matrix-vector product (what
+    ``F.linear`` runs for one row) reads it at about one thread's speed on an AVX2-only EPYC
+    (the output layer of SmolLM2-135M: 6.3 ms, against 12.1). It holds the linear layer's own
+    weight and bias (no copy: a weight tied to the input embeddings stays tied).
     """
 
     def __init__(self, linear: torch.nn.Linear) -> None:
@@ -94,20 +104,36 @@ class WeightFirstLinear(torch.nn.Module):
         self.out_features = linear.out_features
         self.weight = linear.weight
         self.bias = linear.bias
+        # W's first rows that fill whole blocks; the rest (and a strided W) go to F.linear.
+        whole = self.out_features // BLOCK_ROWS * BLOCK_ROWS
+        self.blocked_rows = whole if self.weight.is_contiguous() else 0
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: [..., in_features] -> [..., out_features], contiguous."""
         rows = x.reshape(-1, self.in_features)  # [R, in]
         if rows.shape[0] == 1:
-            return torch.nn.functional.linear(x, self.weight, self.bias)
-        y = torch.mm(self.weight, rows.t()).t().contiguous()  # [R, out]
+            y = self._one_row(rows)
+        else:
+            y = torch.mm(self.weight, rows.t()).t().contiguous()  # [R, out]
         if self.bias is not None:
             y += self.bias
         return y.reshape(*x.shape[:-1], self.out_features)
 
+    def _one_row(self, row: torch.Tensor) -> torch.Tensor:
+        """row: [1, in] -> [1, out], without the bias."""
+        whole = self.blocked_rows
+        if whole == 0:
+            return torch.nn.functional.linear(row, self.weight)
+        blocks = self.weight[:whole].view(-1, BLOCK_ROWS, self.in_features)  # [n, B, in]
+        column = row.t().expand(blocks.shape[0], -1, -1)  # [n, in, 1], no copy
+        y = torch.bmm(blocks, column).view(1, whole)
+        if whole == self.out_features:
+            return y
+        return torch.cat([y, torch.nn.functional.linear(row, self.weight[whole:])], dim=1)
+
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
-                f"bias={self.bias is not None}, weight first for several rows")
+                f"bias={self.bias is not None}, weight first")
 
 
 def is_packed(model: torch.nn.Module) -> bool:

@@ -16,11 +16,11 @@ runs it near the speed of memory; the second, with a few rows on the left, runs 
 AVX2-only AMD EPYC: there SmolLM2-135M's float32 pass of 2 tokens took 1.5x a pass of one plain
 and about 1.0x weight first (``docs/packed-weights.md``). One row goes through W in blocks, one
 batched product, which reads the weight on both threads where MKL's matrix-vector product
-reads it at one thread's speed: a one-token pass of SmolLM2-135M took 51 ms, against 74 ms
+reads it at one thread's speed: a one-token pass of SmolLM2-135M took 49 ms, against 73 ms
 plain. Both sum in another order than plain float32, so the logits differ in the last bits:
 the same kind of difference, and of about the same size, as plain float32's own between
 feeding tokens in one pass and one by one, which every verifying decoder lives with (on
-SmolLM2-135M, 7.2e-5 against 8.2e-5). So float32 is swapped only when asked for
+SmolLM2-135M, 8.2e-5 against 8.2e-5). So float32 is swapped only when asked for
 (``packed_weights=True``); the default changes no float32 sum.
 
 Bfloat16 packing needs a CPU whose bfloat16 products oneDNN can run from a packed layout

@@ -1,7 +1,8 @@
 """Float32 on packed weights against plain ones, end to end: speed, and the same outputs?
 
-Packed float32 weights (``packed_weights=True``) take passes of several tokens weight first,
-``W @ x.T``, where plain ones run ``x @ W.T``, and those sums differ in the last bits
+Packed float32 weights (``packed_weights=True``) take their products weight first, ``W @ x.T``
+(one token's in blocks of W's rows), where plain ones run ``x @ W.T``, and those sums differ
+in the last bits
 (``benchmarks/packed_weights.py --dtype float32`` gives the largest logit difference). This script asks what that does to whole generations:
 each prompt is generated greedily by HF ``generate`` on the plain weights (the reference), by
 HF ``generate`` on the packed ones, and by each of our methods on both, in turn (prompt-major,

@@ -300,8 +300,8 @@ def load_model(
             the cache in steps of several tokens (see that module); False keeps "sdpa".
         packed_weights: swap the linear layers for faster ones on a CPU
             (:func:`lookahead.packing.pack_weights`): in bfloat16 weights laid out once for
-            oneDNN, with the same sums; in float32 passes of several tokens taken weight
-            first, with sums that differ in the last bits.
+            oneDNN, with the same sums; in float32 products taken weight first, with
+            sums that differ in the last bits.
 
     Raises:
         ValueError: unknown name, a bad ``dtype``, or ``packed_weights`` where the model

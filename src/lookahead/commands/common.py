@@ -178,8 +178,8 @@ def add_model_args(parser: argparse.ArgumentParser, *, default: str | None = DEF
         action=argparse.BooleanOptionalAction,
         default=None,
         help="swap the linear layers for faster ones on a CPU: bfloat16 weights laid out once "
-        "for oneDNN, the same sums; float32 passes of several tokens taken weight first, sums "
-        "that differ in the last bits (default: on for bfloat16 where the CPU can pack it, "
+        "for oneDNN, the same sums; float32 products taken weight first, sums that differ in "
+        "the last bits (default: on for bfloat16 where the CPU can pack it, "
         "off for float32)",
     )
 

@@ -211,11 +211,11 @@ def test_one_row_takes_the_weight_in_blocks_in_one_batched_product(monkeypatch, 
                                rtol=1e-5, atol=1e-5)
     assert layer.blocked_rows == blocked and len(calls) == products
     assert all(shape == (blocked // BLOCK_ROWS, BLOCK_ROWS, 48) for shape in calls)
-    layer(torch.randn(3, 48))  # several rows: one plain product, no blocks
+    layer(torch.randn(3, 48))  # several rows: one weight-first product, no blocks
     assert len(calls) == products
 
 
-def test_a_strided_weight_is_taken_whole(monkeypatch) -> None:
+def test_a_strided_weight_is_taken_whole() -> None:
     """Blocks are views of W's rows; a weight that is a transposed view has none to give."""
     linear = torch.nn.Linear(48, 2 * BLOCK_ROWS, bias=False)
     linear.weight = torch.nn.Parameter(torch.randn(48, 2 * BLOCK_ROWS).t())

@@ -59,7 +59,8 @@ PACKED_BY_DEFAULT = (torch.bfloat16,)
 
 # Rows of W per block of WeightFirstLinear's one-row product: small enough that the blocks
 # share out evenly between threads (a 192-row layer is 3 blocks), big enough that each is
-# one product worth its call; 16 to 192 timed within a few per cent of each other.
+# one product worth its call. On SmolLM2's layers 16 to 64 timed within a few per cent of
+# each other; 192 was up to a third slower on the 192-row ones (docs/packed-weights.md).
 BLOCK_ROWS = 64
 
 

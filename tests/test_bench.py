@@ -228,6 +228,32 @@ def test_a_bad_workload_is_refused_naming_it(tiny, capsys) -> None:
         method_options(args)
 
 
+def test_a_profile_measured_on_weights_packed_otherwise_is_passed_over(tiny) -> None:
+    """Packing changes what a pass costs, so a shape tuned on packed float32 is not taken for
+    plain float32, nor the other way round; a profile that does not say is taken for either."""
+    cache, model = tiny["cache"] / "packing", str(tiny["model"])
+    path = profile_path(model, "float32", cache_dir=cache)
+    path.parent.mkdir(parents=True)
+    tuned = dict(window=1, ngram=3, guess=2)
+    for recorded in (True, False, None):
+        profile = {"best": tuned} | ({} if recorded is None else {"packed_weights": recorded})
+        path.write_text(json.dumps(profile))
+        for packed in (True, False, None):
+            alike = recorded is None or packed is None or packed == recorded
+            expected = tuned if alike else dict(DEFAULT_SHAPE)
+            assert resolve_shape(model, "float32", cache_dir=cache, packed=packed) == expected
+    # bench --shape auto asks with the packing it will run: float32 plain unless told to pack.
+    path.write_text(json.dumps({"best": tuned, "packed_weights": True}))
+    for flag, expected in (("--packed-weights", tuned), ("--no-packed-weights", DEFAULT_SHAPE),
+                           (None, DEFAULT_SHAPE)):
+        argv = _bench_argv(tiny, "--dtype", "float32", "--baseline-dtypes", "float32")
+        argv[argv.index("--cache-dir") + 1] = str(cache)
+        shape = config_from_args(build_parser().parse_args(argv + [flag] * bool(flag)))
+        lookahead_shape = shape.options.lookahead
+        assert (lookahead_shape.window, lookahead_shape.ngram, lookahead_shape.guess) == (
+            expected["window"], expected["ngram"], expected["guess"]), flag
+
+
 def test_a_broken_profile_falls_back_to_the_default(tmp_path: Path) -> None:
     path = profile_path("some-model", "bfloat16", cache_dir=tmp_path)
     path.parent.mkdir(parents=True)
@@ -506,6 +532,9 @@ def test_window_auto_takes_the_tuned_shape_of_this_model(tiny, tmp_path, monkeyp
         shape(workload="no/slash")
     assert shape() == (3, 4, 6)  # no shape given: the tuned one
     assert shape(window=3) == (3, 5, 4)  # an int window keeps the shape as given
+    path.write_text(json.dumps({"best": {"window": 3, "ngram": 4, "guess": 6},
+                                "packed_weights": True}))
+    assert shape() == default  # tuned on packed weights, and this model's are plain
 
 
 def test_cli_lookahead_without_a_window_asks_for_auto() -> None:

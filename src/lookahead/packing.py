@@ -238,6 +238,14 @@ def _own_remaining_weights(model: torch.nn.Module) -> None:
                 module._buffers[name] = buffer.clone()
 
 
+def will_pack(dtype: torch.dtype, packed: bool | None) -> bool:
+    """Whether the commands pack weights of ``dtype`` given ``packed`` (``--[no-]packed-weights``;
+    None: by default, where that keeps every sum: bfloat16, on a CPU that can pack it)."""
+    if packed is not None:
+        return packed
+    return dtype in PACKED_BY_DEFAULT and cpu_packing_problem(dtype) is None
+
+
 def apply_packing(model: torch.nn.Module, packed: bool | None) -> bool:
     """Pack ``model``'s weights when ``packed`` is True, never when False, and when None (the
     command line's default) where that keeps every sum: bfloat16, on a CPU that can pack it.

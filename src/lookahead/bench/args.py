@@ -20,7 +20,8 @@ from lookahead.commands.common import (
     workload_arg,
 )
 from lookahead.config import MAX_GUESS, MAX_NGRAM, MAX_WINDOW
-from lookahead.models import AUTO_DTYPE
+from lookahead.models import AUTO_DTYPE, resolve_dtype
+from lookahead.packing import will_pack
 
 logger = logging.getLogger(__name__)
 
@@ -134,8 +135,9 @@ def shape_from_args(args: argparse.Namespace) -> dict[str, int]:
     from lookahead.bench.tune import resolve_shape
 
     if args.shape in (None, "auto"):
+        packed = will_pack(resolve_dtype(args.dtype), args.packed_weights)
         shape = resolve_shape(args.model, args.dtype, cache_dir=args.cache_dir,
-                              workload=args.workload)
+                              workload=args.workload, packed=packed)
     elif args.workload is not None:
         raise ValueError(
             "--workload chooses a tuned shape; it cannot go with --shape "

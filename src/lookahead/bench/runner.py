@@ -110,10 +110,7 @@ class BenchConfig:
     @property
     def packs(self) -> bool:
         """Whether the methods run on packed weights."""
-        if self.packed_weights is not None:
-            return self.packed_weights
-        dtype = resolve_dtype(self.dtype)
-        return dtype in packing.PACKED_BY_DEFAULT and packing.cpu_packing_problem(dtype) is None
+        return packing.will_pack(resolve_dtype(self.dtype), self.packed_weights)
 
     @property
     def setting(self) -> str:

@@ -545,6 +545,19 @@ def _report(progress: Progress | None, done: int, total: int, description: str) 
 # ----------------------------------------------------------------------------- profiles
 
 
+def _measured_alike(profile: dict | None, packed: bool | None) -> dict | None:
+    """``profile``, or None where its curve was measured on weights packed otherwise than
+    ``packed`` (None: not known, any will do). Packed float32 makes a pass of 8 tokens cost
+    1.75-1.9x one on an AVX2 CPU, plain float32 about 2x at 2 tokens and no more up to 16:
+    each has its own best shape."""
+    recorded = None if profile is None else profile.get("packed_weights")
+    if packed is None or recorded is None or recorded == packed:
+        return profile
+    logger.info("passing over the tuning profile of %s: measured on %s weights, these are %s",
+                profile.get("model"), *("packed" if p else "plain" for p in (recorded, packed)))
+    return None
+
+
 def profile_path(model_name: str, dtype, device: str = "cpu", cache_dir=None,
                  workload: str | None = None) -> Path:
     """``<cache_dir>/profiles/<model>-<dtype>-<device>[-<workload>].json``; the model name made
@@ -590,19 +603,21 @@ def load_profile(model_name: str, dtype, cache_dir=None, device: str = "cpu",
 
 
 def resolve_shape(model_name: str, dtype, cache_dir=None, device: str = "cpu",
-                  workload: str | None = None) -> dict[str, int]:
+                  workload: str | None = None, packed: bool | None = None) -> dict[str, int]:
     """``dict(window=, ngram=, guess=[, lookup_tokens=])``: the tuned best for this model, dtype
     and device (from the ``workload`` profile if one is named and saved, else the general one),
     else ``DEFAULT_SHAPE``. Run ``lookahead tune --model NAME --dtype DTYPE [--workload W]`` to
-    create a profile."""
+    create a profile. ``packed``: whether the weights are packed (None: not known); a profile
+    measured on weights packed otherwise is passed over."""
     profile = None
     if workload is not None:
-        profile = load_profile(model_name, dtype, cache_dir, device, workload)
+        profile = _measured_alike(load_profile(model_name, dtype, cache_dir, device, workload),
+                                  packed)
         if profile is None:
             logger.info("no %r tuning profile for %s; trying the general one", workload,
                         model_name)
     if profile is None:
-        profile = load_profile(model_name, dtype, cache_dir, device)
+        profile = _measured_alike(load_profile(model_name, dtype, cache_dir, device), packed)
     if profile is None:
         logger.info("no tuning profile for %s (%s); using the default shape", model_name, dtype)
         return dict(DEFAULT_SHAPE)

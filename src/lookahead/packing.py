@@ -53,7 +53,7 @@ logger = logging.getLogger(__name__)
 _BATCH_HINT = 1
 
 # The weight dtypes that can be packed, and those packed by default: in bfloat16 the plain
-# product is oneDNN's own, so packing keeps every sum; in float32 several rows sum in another
+# product is oneDNN's own, so packing keeps every sum; in float32 the products sum in another
 # order (WeightFirstLinear).
 PACKABLE = (torch.bfloat16, torch.float32)
 PACKED_BY_DEFAULT = (torch.bfloat16,)
@@ -196,8 +196,8 @@ def cpu_packing_problem(dtype: torch.dtype = torch.bfloat16) -> str | None:
 def pack_weights(model: torch.nn.Module) -> int:
     """Swap each ``torch.nn.Linear`` of ``model`` (on the CPU) for a :class:`PackedLinear` in
     bfloat16 or a :class:`WeightFirstLinear` in float32, in place; return how many were
-    swapped (0 when already packed). In float32 the sums of several rows change in the last
-    bits (see the module's docstring).
+    swapped (0 when already packed). In float32 the sums change in the last bits (see the
+    module's docstring).
 
     Raises:
         ValueError: naming ``model``, when it is not on the CPU, not in bfloat16 or float32,
@@ -238,7 +238,7 @@ def _own_remaining_weights(model: torch.nn.Module) -> None:
                 module._buffers[name] = buffer.clone()
 
 
-def will_pack(dtype: torch.dtype, packed: bool | None) -> bool:
+def will_pack(dtype: torch.dtype | None, packed: bool | None) -> bool:
     """Whether the commands pack weights of ``dtype`` given ``packed`` (``--[no-]packed-weights``;
     None: by default, where that keeps every sum: bfloat16, on a CPU that can pack it)."""
     if packed is not None:
@@ -257,7 +257,7 @@ def apply_packing(model: torch.nn.Module, packed: bool | None) -> bool:
     if packed is False or is_packed(model):
         return is_packed(model)
     problem = packing_problem(model)
-    if problem is None and (packed or linear_dtype(model) in PACKED_BY_DEFAULT):
+    if problem is None and will_pack(linear_dtype(model), packed):
         pack_weights(model)
         return True
     if packed:

@@ -35,8 +35,8 @@ from lookahead.commands.common import add_datastore_arg
 from lookahead.config import LookaheadConfig
 from lookahead.datastore import check_spec, load_datastore
 from lookahead.datasets import Prompt, load_prompts, spread
-from lookahead.models import load_model
-from lookahead.packing import apply_packing
+from lookahead.models import load_model, resolve_dtype
+from lookahead.packing import apply_packing, will_pack
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -63,18 +63,22 @@ def main(argv: list[str] | None = None) -> int:
     apply_threads(args.threads)
     quiet_loading(args)
     workloads = {d: d if args.per_dataset else None for d in args.datasets}
-    profiles = {d: load_profile(args.model, args.dtype, workload=w) for d, w in workloads.items()}
+    # The profile of the weights this run packs as the commands would (each packing has its own).
+    packed = will_pack(resolve_dtype(args.dtype), args.packed_weights)
+    profiles = {d: load_profile(args.model, args.dtype, workload=w, packed=packed)
+                for d, w in workloads.items()}
     for dataset, profile in profiles.items():
         if profile is None:
             flag = f" --workload {workloads[dataset]}" if workloads[dataset] else ""
-            parser.error(f"no tuning profile for {args.model} ({args.dtype}){flag}: "
-                         f"run `lookahead tune{flag}`")
+            weights = "packed" if packed else "plain"
+            parser.error(f"no tuning profile for {args.model} ({args.dtype}, {weights} weights)"
+                         f"{flag}: run `lookahead tune{flag}`")
         if profile.get("datastore") != args.datastore:
             print(f"note: the {dataset} profile was tuned with datastore "
                   f"{profile.get('datastore')}, this run has {args.datastore}", file=sys.stderr)
     # dataset -> label -> shape
     shapes = {d: {"default": dict(DEFAULT_SHAPE),
-                  "tuned": resolve_shape(args.model, args.dtype, workload=w)}
+                  "tuned": resolve_shape(args.model, args.dtype, workload=w, packed=packed)}
               for d, w in workloads.items()}
     model, tokenizer = load_model(args.model, args.dtype)
     # The weights the commands would run on; the title says which.

@@ -27,6 +27,7 @@ from lookahead.bench.tune import (
     predict,
     profile_path,
     resolve_shape,
+    saved_profile_path,
     step_overhead_of,
     token_cost_of,
     versus_default,
@@ -252,6 +253,28 @@ def test_a_profile_measured_on_weights_packed_otherwise_is_passed_over(tiny) -> 
         lookahead_shape = shape.options.lookahead
         assert (lookahead_shape.window, lookahead_shape.ngram, lookahead_shape.guess) == (
             expected["window"], expected["ngram"], expected["guess"]), flag
+
+
+def test_packed_and_plain_weights_keep_a_profile_each(tiny) -> None:
+    """Tuning packed weights, then plain ones, keeps both shapes: each is saved under its own
+    name and read for its own packing; a profile of unknown packing reads the plain one."""
+    cache, model = tiny["cache"] / "profile-each", str(tiny["model"])
+    shapes = {True: dict(window=1, ngram=3, guess=2), False: dict(window=3, ngram=4, guess=5)}
+    for packed, best in shapes.items():
+        saved_path = saved_profile_path(
+            {"model": model, "dtype": "float32", "device": "cpu", "packed_weights": packed}, cache)
+        assert saved_path == profile_path(model, "float32", cache_dir=cache, packed=packed)
+        saved_path.parent.mkdir(parents=True, exist_ok=True)
+        saved_path.write_text(json.dumps({"best": best, "packed_weights": packed}))
+    assert profile_path(model, "float32", cache_dir=cache, packed=True).name.endswith(
+        "-float32-packed-cpu.json")
+    for packed, best in shapes.items():
+        assert resolve_shape(model, "float32", cache_dir=cache, packed=packed) == best
+    assert resolve_shape(model, "float32", cache_dir=cache) == shapes[False]
+    # Packed only: a caller who does not know the packing still gets a tuned shape.
+    profile_path(model, "float32", cache_dir=cache).unlink()
+    assert resolve_shape(model, "float32", cache_dir=cache) == shapes[True]
+    assert resolve_shape(model, "float32", cache_dir=cache, packed=False) == dict(DEFAULT_SHAPE)
 
 
 def test_a_broken_profile_falls_back_to_the_default(tmp_path: Path) -> None:

@@ -18,9 +18,11 @@ more and accepts more. Which trade wins depends on the machine. The tuner:
    the default's, prompt by prompt -- but keeps the default shape unless another is predicted
    faster by more than ``margin`` (a smaller lead is within the noise), no slower on any one
    data set, and faster on most sample prompts (see ``choose_shape``);
-4. saves a profile ``<cache>/profiles/<model>-<dtype>-<device>.json`` and a PNG of the curve.
+4. saves a profile ``<cache>/profiles/<model>-<dtype>[-packed]-<device>.json`` and a PNG of the
+   curve. Packed and plain weights keep a profile each: packing changes the curve, and so the
+   best shape.
 
-``resolve_shape(model, dtype)`` then gives the saved best shape (or ``DEFAULT_SHAPE``);
+``resolve_shape(model, dtype, packed=...)`` then gives the saved best shape (or ``DEFAULT_SHAPE``);
 ``lookahead.generate(..., window="auto")`` and the commands, when no window is given, use it.
 
 A *workload* profile (``TuneConfig(workload="code", dataset="humaneval")``, saved as
@@ -559,21 +561,28 @@ def _measured_alike(profile: dict | None, packed: bool | None) -> dict | None:
 
 
 def profile_path(model_name: str, dtype, device: str = "cpu", cache_dir=None,
-                 workload: str | None = None) -> Path:
-    """``<cache_dir>/profiles/<model>-<dtype>-<device>[-<workload>].json``; the model name made
-    file-safe."""
+                 workload: str | None = None, packed: bool = False) -> Path:
+    """``<cache_dir>/profiles/<model>-<dtype>[-packed]-<device>[-<workload>].json``; the model
+    name made file-safe. Packed and plain weights have a profile each: their curves differ."""
     root = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
     safe = re.sub(r"[^A-Za-z0-9._-]+", "_", str(model_name)).strip("_.") or "model"
+    packing = "-packed" if packed else ""
     suffix = f"-{check_workload(workload)}" if workload is not None else ""
-    return root / "profiles" / f"{safe}-{dtype_name(dtype)}-{device}{suffix}.json"
+    return root / "profiles" / f"{safe}-{dtype_name(dtype)}{packing}-{device}{suffix}.json"
+
+
+def saved_profile_path(profile: dict, cache_dir=None) -> Path:
+    """Where :func:`save_profile` writes ``profile``: named by its model, dtype, packing,
+    device and workload."""
+    return profile_path(profile["model"], profile["dtype"], profile["device"], cache_dir,
+                        profile.get("workload"), bool(profile.get("packed_weights")))
 
 
 def save_profile(profile: dict, cache_dir=None) -> Path:
     """Write the profile JSON (atomically) and a PNG of its curve beside it; return the JSON."""
     from lookahead.bench.plots import plot_cost_curve
 
-    path = profile_path(profile["model"], profile["dtype"], profile["device"], cache_dir,
-                        profile.get("workload"))
+    path = saved_profile_path(profile, cache_dir)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(json.dumps(profile, indent=1) + "\n", encoding="utf-8")
@@ -584,13 +593,25 @@ def save_profile(profile: dict, cache_dir=None) -> Path:
 
 
 def load_profile(model_name: str, dtype, cache_dir=None, device: str = "cpu",
-                 workload: str | None = None) -> dict | None:
+                 workload: str | None = None, packed: bool | None = None) -> dict | None:
     """The saved profile of ``model_name`` in ``dtype`` on ``device`` (for ``workload``, if
-    named: that one only), or None.
+    named: that one only) measured on weights packed as ``packed`` says, or None.
 
-    A profile that cannot be read, or whose best shape is invalid, is ignored with a warning.
+    ``packed=None`` (not known) takes the plain weights' profile, else the packed one. A profile
+    saved before packed weights had a file of their own is read for the packing it records. A
+    profile that cannot be read, or whose best shape is invalid, is ignored with a warning.
     """
-    path = profile_path(model_name, dtype, device, cache_dir, workload)
+    candidates = (False, True) if packed is None else (True, False) if packed else (False,)
+    for candidate in candidates:
+        path = profile_path(model_name, dtype, device, cache_dir, workload, candidate)
+        profile = _measured_alike(_read_profile(path), packed)
+        if profile is not None:
+            return profile
+    return None
+
+
+def _read_profile(path: Path) -> dict | None:
+    """The profile JSON at ``path`` if it exists and names a valid best shape, else None."""
     if not path.is_file():
         return None
     try:
@@ -607,17 +628,16 @@ def resolve_shape(model_name: str, dtype, cache_dir=None, device: str = "cpu",
     """``dict(window=, ngram=, guess=[, lookup_tokens=])``: the tuned best for this model, dtype
     and device (from the ``workload`` profile if one is named and saved, else the general one),
     else ``DEFAULT_SHAPE``. Run ``lookahead tune --model NAME --dtype DTYPE [--workload W]`` to
-    create a profile. ``packed``: whether the weights are packed (None: not known); a profile
-    measured on weights packed otherwise is passed over."""
+    create a profile. ``packed``: whether the weights are packed (None: not known); only a
+    profile measured on weights packed alike is taken."""
     profile = None
     if workload is not None:
-        profile = _measured_alike(load_profile(model_name, dtype, cache_dir, device, workload),
-                                  packed)
+        profile = load_profile(model_name, dtype, cache_dir, device, workload, packed)
         if profile is None:
             logger.info("no %r tuning profile for %s; trying the general one", workload,
                         model_name)
     if profile is None:
-        profile = _measured_alike(load_profile(model_name, dtype, cache_dir, device), packed)
+        profile = load_profile(model_name, dtype, cache_dir, device, packed=packed)
     if profile is None:
         logger.info("no tuning profile for %s (%s); using the default shape", model_name, dtype)
         return dict(DEFAULT_SHAPE)

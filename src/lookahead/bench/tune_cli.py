@@ -33,7 +33,7 @@ from lookahead.bench.tune import (
     SELECT,
     TuneConfig,
     default_row,
-    profile_path,
+    saved_profile_path,
     shape_label,
     tune,
     versus_default,
@@ -167,8 +167,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     print(profile_table(profile))
     if not args.no_save:
-        path = profile_path(profile["model"], profile["dtype"], profile["device"], args.cache_dir,
-                            profile["workload"])
+        path = saved_profile_path(profile, args.cache_dir)
         print(f"\nsaved {path} and {path.with_suffix('.png')}", file=sys.stderr)
     return 0
 

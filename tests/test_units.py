@@ -26,6 +26,7 @@ from lookahead.decode import Decoder, fit_budget
 from lookahead.proposers.base import NoProposer, Proposal, StepOutcome
 from lookahead.proposers.draft import DraftProposer
 from lookahead.proposers.lookahead import (
+    DepthGauge,
     LookaheadProposer,
     NGramPool,
     WindowGauge,
@@ -307,6 +308,45 @@ def test_window_gauge_runs_the_window_only_while_it_pays():
     for gain, pays in ((0.4, False), (1.0, True)):
         dear.gain, dear.committed, dear.steps = gain, 3.4, 9
         assert dear.wants_window(window_tokens=8, other_tokens=9) is pays, gain
+
+
+def test_depth_gauge_learns_what_the_text_tells_and_no_more():
+    gauge = DepthGauge(token_cost=0.0)
+    # A mismatch at depth 3: hits at 1-2, misses at 3-5 (the rest of the candidate).
+    gauge.record([([1, 2, 8, 8, 8], "text")], fed=5, committed=[1, 2, 3])
+    # A match as long as what was committed: depths 1-2 hit; past them the text does not tell.
+    gauge.record([([1, 2, 3, 4], "pool")], fed=4, committed=[1, 2])
+    assert gauge._rates["text"] == [[1.0, 2], [1.0, 2], [0.5, 2], [0.5, 2], [0.5, 2]]
+    assert gauge._rates["pool"] == [[1.0, 2], [1.0, 2]]
+    assert gauge.depth("text", 5) == 5 and gauge.depth("datastore", 7) == 7  # free tokens
+
+
+def test_depth_gauge_cuts_a_source_where_it_stops_paying_and_lets_it_back():
+    gauge = DepthGauge(token_cost=0.1)
+    for _ in range(20):  # copies right for 2 tokens, wrong after; pool n-grams right for 3
+        gauge.record([([1, 2, 9, 9, 9, 9], "datastore"), ([1, 2, 3], "pool")], fed=9,
+                     committed=[1, 2, 3, 4])
+    # bar = k s / (1 + k t) = 0.1 x 4 / 1.9: depth 3 of the datastore's copies falls short.
+    assert gauge.depth("datastore", 6) == 2
+    assert gauge.depth("pool", 3) == 3 and gauge.depth("text", 8) == 8  # untried: whole
+    for _ in range(20):  # the copies come right: the committed tokens show depths 3-5 hit
+        gauge.record([([1, 2, 3, 4, 5, 9], "datastore")], fed=3, committed=[1, 2, 3, 4, 5, 6])
+    assert gauge.depth("datastore", 6) == 5
+
+
+def test_lookahead_feeds_each_candidate_to_the_depth_that_pays():
+    text = [5, 6, 7, 1, 2, 3, 4, 8, 5, 6, 7]  # "5 6 7" was followed by "1 2 3 4 8 5 ..."
+    fed = {}
+    for trim in (True, False):
+        config = LookaheadConfig(window=1, ngram=3, guess=1, lookup_tokens=6, token_cost=0.2,
+                                 trim_candidates=trim, window_probe=1 << 20)
+        proposer = LookaheadProposer(config)
+        proposer.start(text)
+        for step in range(12):  # the copy's first 2 tokens are right, the rest never
+            proposal = proposer.propose(text, max_tokens=8)
+            proposer.update(text, StepOutcome([1, 2, 9], 2, None))
+        fed[trim] = max(proposal.candidates, key=len)
+    assert fed == {False: [1, 2, 3, 4, 8, 5], True: [1, 2]}
 
 
 def test_lookahead_window_stops_when_it_does_not_pay_and_keeps_its_levels():

@@ -33,8 +33,8 @@ logger = logging.getLogger(__name__)
 METHOD_OPTIONS = MappingProxyType({
     "autoregressive": (),
     "lookahead": ("window", "ngram", "guess", "prompt_pool", "output_pool", "lookup_ngram",
-                  "lookup_tokens", "lookup_max_tokens", "token_cost", "window_probe", "memory",
-                  "datastore", "workload"),
+                  "lookup_tokens", "lookup_max_tokens", "token_cost", "window_probe",
+                  "trim_candidates", "memory", "datastore", "workload"),
     "prompt_lookup": ("num_draft_tokens", "max_ngram", "min_ngram", "max_draft_tokens",
                       "memory", "datastore"),
     "draft": ("draft_model", "num_draft_tokens", "lookup_tokens", "lookup_ngram"),

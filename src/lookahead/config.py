@@ -65,6 +65,9 @@ class LookaheadConfig:
         every step, as the paper does: right where a few more tokens are free, as on a GPU.
     window_probe: while the window does not pay, it still runs every this many steps, so that
         its gain is measured again as the text changes.
+    trim_candidates: cut each candidate (a copy, a pool n-gram) before the first depth at
+        which candidates from its source are accepted too rarely to pay for the token at
+        ``token_cost`` (``DepthGauge``, measured per request). False feeds them whole.
     """
 
     # The default is small: on a 2-core CPU (bf16) a step of ~16 tokens costs ~1.2x a
@@ -85,6 +88,7 @@ class LookaheadConfig:
     # this machine's price).
     token_cost: float = 0.025
     window_probe: int = 16
+    trim_candidates: bool = True
 
     def __post_init__(self) -> None:
         check_int("window", self.window, 1, MAX_WINDOW)
@@ -97,6 +101,8 @@ class LookaheadConfig:
         if (isinstance(self.token_cost, bool) or not isinstance(self.token_cost, (int, float))
                 or not 0.0 <= self.token_cost <= 1.0):
             raise ValueError(f"token_cost must be a number in [0, 1], got {self.token_cost!r}")
+        if not isinstance(self.trim_candidates, bool):
+            raise TypeError(f"trim_candidates must be a bool, got {self.trim_candidates!r}")
 
     @property
     def levels(self) -> int:

@@ -139,6 +139,60 @@ class WindowGauge:
         self.committed += weight * (len(committed) - self.committed)
 
 
+class DepthGauge:
+    """How deep each source's candidates pay for their tokens, measured on one request's steps.
+
+    A candidate's token at depth d (the d-th after x0) adds a committed token only where the
+    candidate matches the committed text up to d. With ``q`` the rate at which a source's
+    candidates do, ``s`` the tokens committed per step and ``t`` the tokens a step feeds
+    besides x0, at ``token_cost`` ``k`` per token, one more token pays when::
+
+        (s + q) / (1 + k (t + 1)) >= s / (1 + k t)   <=>   q (1 + k t) >= k s
+
+    so a candidate is cut before its first depth whose rate falls short (``k = 0``: never). A
+    rate starts as one hit (every depth is tried at first), is a plain mean over its first
+    ``1 / smoothing`` steps and a moving average after them. It learns from the full candidate,
+    deeper than what was fed where the text tells: a copy cut after 4 tokens whose 5th matches
+    the 5th committed token scores at depth 5 too, so a cut depth can come back.
+    """
+
+    def __init__(self, token_cost: float, smoothing: float = 0.1) -> None:
+        self.token_cost = token_cost
+        self.smoothing = smoothing
+        self._rates: dict[str, list[list[float]]] = {}  # source -> [rate, samples] per depth
+        self.committed = 1.0
+        self.fed = 0.0
+
+    def depth(self, source: str, length: int) -> int:
+        """How many of the first ``length`` tokens of a ``source`` candidate to feed."""
+        k = self.token_cost
+        bar = k * self.committed / (1 + k * self.fed)
+        rates = self._rates.get(source, ())
+        for d, (rate, _) in enumerate(rates[:length]):
+            if rate < bar:
+                return d
+        return length
+
+    def record(self, proposed: list[tuple[list[int], str]], fed: int,
+               committed: list[int]) -> None:
+        """One step: its full candidates with their sources, the tokens it fed besides x0 and
+        what it committed."""
+        for candidate, source in proposed:
+            rates = self._rates.setdefault(source, [])
+            reach = _common_prefix(candidate, committed)
+            # Past a mismatch every depth missed; past a match as long as the committed text,
+            # the text does not tell yet.
+            known = len(candidate) if reach < len(committed) else reach
+            while len(rates) < known:
+                rates.append([1.0, 1])
+            for d in range(known):
+                entry = rates[d]
+                entry[1] += 1
+                entry[0] += max(self.smoothing, 1.0 / entry[1]) * (float(d < reach) - entry[0])
+        self.committed += self.smoothing * (len(committed) - self.committed)
+        self.fed += self.smoothing * (fed - self.fed)
+
+
 def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     n = 0
     for x, y in zip(a, b):
@@ -171,8 +225,11 @@ class LookaheadProposer:
         self._copied: list[int] = []  # this step's copied continuation
         self._candidates: list[list[int]] = []  # this step's, and whether the text gave each:
         self._from_text: list[bool] = []
+        self._proposed: list[tuple[list[int], str]] = []  # (candidate, source), uncut
+        self._fed = 0  # tokens this step fed besides x0
         self._judged = False
         self.gauge = self._new_gauge()
+        self.depths = DepthGauge(config.token_cost)
         self._visibility: dict[int, torch.Tensor] = {}
 
     def start(self, prompt: list[int]) -> None:
@@ -183,6 +240,7 @@ class LookaheadProposer:
         self._pooled = len(prompt)
         self.copy_length.reset()
         self.gauge = self._new_gauge()
+        self.depths = DepthGauge(cfg.token_cost)
         # The first level is seeded with prompt tokens; the rest fill in over N - 2 steps.
         self.levels = [[self._random.choice(prompt) for _ in range(cfg.window)]]
 
@@ -192,38 +250,51 @@ class LookaheadProposer:
         return WindowGauge(cfg.token_cost, cfg.window_probe, warm_up=2 * cfg.levels)
 
     def propose(self, context: list[int], max_tokens: int) -> Proposal:
-        self._copied, self._candidates, self._from_text = [], [], []
+        self._copied, self._candidates, self._from_text, self._proposed = [], [], [], []
         self._judged = max_tokens > 0  # a step of x0 alone tells nothing of the window
         if max_tokens <= 0:
             # The step feeds x0 alone (a busy server's share of one token) or is the text's
             # last: the window is of no use either. Proposing nothing, at no cost, lets a
             # request of ours decode as cheaply as a plain one when the server is busy.
             return Proposal()
-        entries = self.pool.entries(context[-1])
-        candidates = [tail[:max_tokens] for tail, _ in entries]
-        from_text = [not guessed for _, guessed in entries]
-        self._copied = self._copy(context, min(self.copy_length.value, max_tokens))
-        if self._copied:
-            candidates.insert(0, self._copied)
-            from_text.insert(0, True)
-        self._candidates, self._from_text = candidates, from_text
+        proposed = [(tail[:max_tokens], "window" if guessed else "pool")
+                    for tail, guessed in self.pool.entries(context[-1])]
+        copied, source = self._copy(context, min(self.copy_length.value, max_tokens))
+        if copied:
+            proposed.insert(0, (copied, source))
+        self._proposed = proposed
+        self._candidates = [tokens for tokens, _ in proposed]
+        self._from_text = [source != "window" for _, source in proposed]
+        fed = [self._cut(tokens, source) for tokens, source in proposed]
+        self._copied = fed[0] if copied else []
+        candidates = [tokens for tokens in fed if tokens]
+        self._fed = sum(map(len, candidates))
         branch = None
-        if self.gauge.wants_window(self.config.window * len(self.levels),
-                                   1 + sum(map(len, candidates))):
+        if self.gauge.wants_window(self.config.window * len(self.levels), 1 + self._fed):
             branch = self._branch()
+            self._fed += len(branch.tokens)
         return Proposal(candidates, branch=branch)
 
-    def _copy(self, context: list[int], length: int) -> list[int]:
+    def _cut(self, tokens: list[int], source: str) -> list[int]:
+        """``tokens`` up to the depth that pays for ``source`` (all with trim_candidates off)."""
+        if not self.config.trim_candidates:
+            return tokens
+        return tokens[: self.depths.depth(source, len(tokens))]
+
+    def _copy(self, context: list[int], length: int) -> tuple[list[int], str]:
         """Up to ``length`` tokens that followed the text's last n-gram earlier, else in
-        the memory, else in the datastore; [] when lookup is off or nothing matches."""
+        the memory, else in the datastore, with where they come from ("text", "memory",
+        "datastore"); ([], "") when lookup is off or nothing matches."""
         if self.config.lookup_ngram < 2:
-            return []
+            return [], ""
         match = find_continuation(context, self.config.lookup_ngram, 2, length)
-        if not match and self.memory is not None:
-            match = self.memory.find(context, length)
-        if not match and self.datastore is not None:
-            match = self.datastore.find(context, length)
-        return match
+        if match:
+            return match, "text"
+        for source, store in (("memory", self.memory), ("datastore", self.datastore)):
+            match = store.find(context, length) if store is not None else []
+            if match:
+                return match, source
+        return [], ""
 
     def update(self, context: list[int], outcome: StepOutcome) -> None:
         if outcome.branch_logits is not None:  # None when a busy server left the window out
@@ -234,6 +305,7 @@ class LookaheadProposer:
         self.copy_length.judge(self._copied, outcome.committed)
         if self._judged:
             self.gauge.record(self._candidates, self._from_text, outcome.committed)
+            self.depths.record(self._proposed, self._fed, outcome.committed)
 
     def _slide(self, guesses: list[int]) -> None:
         """Harvest the window's n-grams and make ``guesses`` (top level's outputs) its new top."""

@@ -223,9 +223,7 @@ class LookaheadProposer:
         self._pooled = 0  # tokens of the text whose n-grams are in the pool
         self.copy_length = CopyLength(config.lookup_tokens, config.lookup_max_tokens)
         self._copied: list[int] = []  # this step's copied continuation
-        self._candidates: list[list[int]] = []  # this step's, and whether the text gave each:
-        self._from_text: list[bool] = []
-        self._proposed: list[tuple[list[int], str]] = []  # (candidate, source), uncut
+        self._proposed: list[tuple[list[int], str]] = []  # this step's (candidate, source), uncut
         self._fed = 0  # tokens this step fed besides x0
         self._judged = False
         self.gauge = self._new_gauge()
@@ -250,7 +248,7 @@ class LookaheadProposer:
         return WindowGauge(cfg.token_cost, cfg.window_probe, warm_up=2 * cfg.levels)
 
     def propose(self, context: list[int], max_tokens: int) -> Proposal:
-        self._copied, self._candidates, self._from_text, self._proposed = [], [], [], []
+        self._copied, self._proposed = [], []
         self._judged = max_tokens > 0  # a step of x0 alone tells nothing of the window
         if max_tokens <= 0:
             # The step feeds x0 alone (a busy server's share of one token) or is the text's
@@ -263,8 +261,6 @@ class LookaheadProposer:
         if copied:
             proposed.insert(0, (copied, source))
         self._proposed = proposed
-        self._candidates = [tokens for tokens, _ in proposed]
-        self._from_text = [source != "window" for _, source in proposed]
         fed = [self._cut(tokens, source) for tokens, source in proposed]
         self._copied = fed[0] if copied else []
         candidates = [tokens for tokens in fed if tokens]
@@ -304,7 +300,9 @@ class LookaheadProposer:
         self._pooled = len(context)
         self.copy_length.judge(self._copied, outcome.committed)
         if self._judged:
-            self.gauge.record(self._candidates, self._from_text, outcome.committed)
+            self.gauge.record([tokens for tokens, _ in self._proposed],
+                              [source != "window" for _, source in self._proposed],
+                              outcome.committed)
             self.depths.record(self._proposed, self._fed, outcome.committed)
 
     def _slide(self, guesses: list[int]) -> None:

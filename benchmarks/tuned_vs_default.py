@@ -28,7 +28,7 @@ import argparse
 import sys
 
 from lookahead.bench.args import add_comparison_arguments, apply_threads, quiet_loading
-from lookahead.bench.methods import MethodOptions, measure_in_turn
+from lookahead.bench.methods import MethodOptions, agreeing, measure_in_turn, total
 from lookahead.bench.tune import DEFAULT_SHAPE, load_profile, resolve_shape
 from lookahead.bench.tune import shape_label as shape_name
 from lookahead.commands.common import add_datastore_arg
@@ -87,10 +87,10 @@ def main(argv: list[str] | None = None) -> int:
     prompts = {d: held_out(load_prompts(d), profiles[d], d, args.skip, args.limit, args.spread)
                for d in args.datasets}
     runs = {d: runs_of(shapes[d]) for d in args.datasets}
-    totals = measure_in_turn(model, tokenizer, prompts, runs, args.max_new_tokens,
+    measured = measure_in_turn(model, tokenizer, prompts, runs, args.max_new_tokens,
                              progress=lambda d, p: print(f"done {d} {p.id}", file=sys.stderr,
                                                          flush=True), datastore=datastore)
-    print(report(args, shapes, totals, prompts))
+    print(report(args, shapes, measured, prompts))
     return 0
 
 
@@ -112,7 +112,9 @@ def runs_of(shapes: dict[str, dict[str, int]]) -> dict:
     }
 
 
-def report(args, shapes, totals, prompts) -> str:
+def report(args, shapes, measured, prompts) -> str:
+    """The table: each run on all prompts, then tuned against default on all of them and on
+    those where the two wrote the same text (bf16 texts can part; see ``agreeing``)."""
     tuned = ("each data set's own profile" if args.per_dataset
              else shape_name(shapes[args.datasets[0]]["tuned"]))
     title = (
@@ -128,25 +130,44 @@ def report(args, shapes, totals, prompts) -> str:
     lines = [
         title,
         "",
-        "| data set | run | tok/s | speed-up vs hf | tokens/step | fwd tokens |",
-        "|---|---|--:|--:|--:|--:|",
+        "| data set | run | tok/s | speed-up vs hf | tokens/step | fwd tokens | same text as hf |",
+        "|---|---|--:|--:|--:|--:|--:|",
     ]
     for dataset in args.datasets:
-        rate = {}
+        hf = measured[dataset, "hf"]
         for label in ("hf", "default", "tuned"):
-            tokens, seconds, steps, forward = totals[dataset, label]
-            rate[label] = tokens / seconds
-            name = label if label == "hf" else f"{label} {shape_name(shapes[dataset][label])}"
+            run = measured[dataset, label]
+            sums = total(run)
+            name = label if label == "hf" else f"{label} {_name(shapes[dataset][label])}"
+            same = sum(m.tokens == h.tokens for m, h in zip(run, hf))
             lines.append(
-                f"| {dataset} | {name} | {rate[label]:.1f} | {rate[label] / rate['hf']:.2f}x "
-                f"| {tokens / steps:.2f} | {forward / steps:.1f} |"
+                f"| {dataset} | {name} | {sums.tokens_per_second:.1f} | "
+                f"{sums.tokens_per_second / total(hf).tokens_per_second:.2f}x "
+                f"| {sums.tokens_per_step:.2f} | {sums.forward_per_step:.1f} | {same}/{len(run)} |"
             )
-        verdict = "tuned wins" if rate["tuned"] > rate["default"] else "default wins"
-        if shapes[dataset]["tuned"] == shapes[dataset]["default"]:
-            verdict = "same shape (the tuner kept the default)"
-        ratio = rate["tuned"] / rate["default"]
-        lines.append(f"| {dataset} | **{verdict}** | {ratio:.2f}x | | | |")
+        lines += _verdicts(measured, dataset, shapes[dataset])
     return "\n".join(lines)
+
+
+def _name(shape: dict) -> str:
+    """The shape's label, with the token cost its gauges run at (the default's if not given)."""
+    return f"{shape_name(shape)} k={shape.get('token_cost', LookaheadConfig().token_cost)}"
+
+
+def _verdicts(measured, dataset: str, shapes: dict) -> list[str]:
+    """Tuned / default speed on all prompts and on those where both wrote the same text."""
+    if shapes["tuned"] == shapes["default"]:
+        return [f"| {dataset} | **same shape (the tuner kept the default)** | | | | | |"]
+    lines = []
+    both = agreeing(measured, dataset, ["default", "tuned"])
+    for name, keep in (("all prompts", None), (f"the {len(both)} with the same text", both)):
+        if keep == []:
+            continue
+        default, tuned = (total(measured[dataset, label], keep) for label in ("default", "tuned"))
+        ratio = tuned.tokens_per_second / default.tokens_per_second
+        verdict = "tuned wins" if ratio > 1 else "default wins"
+        lines.append(f"| {dataset} | **{verdict}** on {name} | {ratio:.2f}x | | | | |")
+    return lines
 
 
 def _ids(prompts: dict[str, list[Prompt]]) -> str:

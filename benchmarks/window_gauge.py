@@ -18,7 +18,7 @@ import dataclasses
 import sys
 
 from lookahead.bench.args import add_comparison_arguments, apply_threads, quiet_loading
-from lookahead.bench.methods import MethodOptions, measure_in_turn
+from lookahead.bench.methods import MethodOptions, measure_in_turn, total
 from lookahead.bench.tune import resolve_shape
 from lookahead.config import LookaheadConfig
 from lookahead.datasets import load_prompts
@@ -43,15 +43,15 @@ def main(argv: list[str] | None = None) -> int:
     # The weights the commands would run on; the title says which.
     args.packed_weights = apply_packing(model, args.packed_weights)
     prompts = {d: load_prompts(d, args.limit) for d in args.datasets}
-    totals = measure_in_turn(model, tokenizer, prompts, dict.fromkeys(args.datasets, runs),
+    measured = measure_in_turn(model, tokenizer, prompts, dict.fromkeys(args.datasets, runs),
                              args.max_new_tokens,
                              progress=lambda d, p: print(f"done {d} {p.id}", file=sys.stderr,
                                                          flush=True))
-    print(report(args, gauged, list(runs), totals))
+    print(report(args, gauged, list(runs), measured))
     return 0
 
 
-def report(args, gauged: LookaheadConfig, labels: list[str], totals) -> str:
+def report(args, gauged: LookaheadConfig, labels: list[str], measured) -> str:
     lines = [
         f"{args.model} {args.dtype}{' packed' if args.packed_weights else ''}, "
         f"first {args.limit} prompts of each data set, "
@@ -64,11 +64,11 @@ def report(args, gauged: LookaheadConfig, labels: list[str], totals) -> str:
     for dataset in args.datasets:
         rate = {}
         for label in labels:
-            tokens, seconds, steps, forward = totals[dataset, label]
-            rate[label] = tokens / seconds
+            sums = total(measured[dataset, label])
+            rate[label] = sums.tokens_per_second
             lines.append(
                 f"| {dataset} | {label} | {rate[label]:.1f} | {rate[label] / rate['hf']:.2f}x "
-                f"| {tokens / steps:.2f} | {forward / steps:.1f} |"
+                f"| {sums.tokens_per_step:.2f} | {sums.forward_per_step:.1f} |"
             )
         ratio = rate[labels[2]] / rate[labels[1]]
         lines.append(f"| {dataset} | **gauged / every step** | {ratio:.2f}x | | | |")

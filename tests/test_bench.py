@@ -610,10 +610,11 @@ def test_bench_datastore_is_recorded_and_keeps_outputs_exact(tiny, tmp_path, cap
     assert "datastore: expected 'stdlib' or a file or folder" in capsys.readouterr().err
 
 
-def test_measure_in_turn_sums_each_run_over_the_prompts(tiny) -> None:
+def test_measure_in_turn_measures_each_run_on_each_prompt(tiny) -> None:
     """The prompt-major loop of the comparison scripts in benchmarks/: every (data set, run)
-    gets every prompt's tokens, and the window gauge's run feeds fewer tokens per step."""
-    from lookahead.bench.methods import MethodOptions, measure_in_turn
+    gets one measurement per prompt, in order; they sum and agree as the scripts read them,
+    and the window gauge's run feeds fewer tokens per step."""
+    from lookahead.bench.methods import MethodOptions, agreeing, measure_in_turn, total
     from lookahead.datasets import load_prompts
     from lookahead.models import load_model
 
@@ -625,14 +626,34 @@ def test_measure_in_turn_sums_each_run_over_the_prompts(tiny) -> None:
             "every": ("lookahead", MethodOptions(lookahead=every)),
             "dear": ("lookahead", MethodOptions(lookahead=dear))}
     seen = []
-    totals = measure_in_turn(model, tokenizer, prompts, {"set": runs}, 24,
-                             progress=lambda d, p: seen.append((d, p.id)))
+    measured = measure_in_turn(model, tokenizer, prompts, {"set": runs}, 24,
+                               progress=lambda d, p: seen.append((d, p.id)))
     assert seen == [("set", "p0"), ("set", "p1"), ("set", "p2")]
-    assert set(totals) == {("set", label) for label in runs}
-    tokens = {label: totals["set", label][0] for label in runs}
-    assert tokens["every"] == tokens["dear"] == tokens["hf"]  # float64: the same text
+    assert set(measured) == {("set", label) for label in runs}
+    assert all(len(measured["set", label]) == 3 for label in runs)
+    # float64: every run writes the same text on every prompt
+    assert agreeing(measured, "set", list(runs)) == [0, 1, 2]
+    sums = {label: total(measured["set", label]) for label in runs}
+    assert sums["every"].tokens == sums["dear"].tokens == sums["hf"].tokens
     for label in runs:
-        new, seconds, steps, forward = totals["set", label]
-        assert seconds > 0 and 0 < steps <= new and forward >= steps
-    per_step = {label: totals["set", label][3] / totals["set", label][2] for label in runs}
+        s = sums[label]
+        assert s.seconds > 0 and 0 < s.steps <= s.tokens and s.forward >= s.steps
+    assert total(measured["set", "hf"], [1]).tokens == measured["set", "hf"][1].new_tokens
+    per_step = {label: sums[label].forward_per_step for label in runs}
     assert per_step["dear"] < per_step["every"]
+
+
+def test_agreeing_keeps_the_prompts_on_which_every_run_wrote_the_same() -> None:
+    from lookahead.bench.methods import Measurement, Totals, agreeing, total
+
+    def run(*texts: list[int]) -> list[Measurement]:
+        return [Measurement(tokens=t, seconds=1.0, time_to_first_token=0.1, steps=len(t))
+                for t in texts]
+
+    runs = {("d", "a"): run([1, 2], [3], [5, 6]), ("d", "b"): run([1, 2], [4], [5, 6]),
+            ("d", "c"): run([1, 2], [3], [5])}
+    assert agreeing(runs, "d", ["a", "b"]) == [0, 2]
+    assert agreeing(runs, "d", ["a", "b", "c"]) == [0]
+    assert agreeing(runs, "d", ["a", "c"]) == [0, 1]
+    assert total(runs["d", "a"], [0, 2]) == Totals(tokens=4, seconds=2.0, steps=4, forward=4)
+    assert total(runs["d", "c"]).tokens_per_step == 1.0

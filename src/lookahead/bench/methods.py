@@ -52,6 +52,11 @@ class Measurement:
     def new_tokens(self) -> int:
         return len(self.tokens)
 
+    @property
+    def forward_tokens(self) -> float:
+        """Input tokens of all its forward passes (one a step for HF's, which do not say)."""
+        return self.stats["mean_forward_tokens"] * self.steps if self.stats else self.steps
+
 
 @dataclass(frozen=True)
 class MethodOptions:
@@ -186,12 +191,56 @@ def _freeze_assistant(draft_model):
     return restore
 
 
-# (dataset, run label) -> [new tokens, seconds, steps, forward tokens], summed over prompts
-Totals = dict[tuple[str, str], list[float]]
+@dataclass(frozen=True)
+class Totals:
+    """One run's sums over some prompts."""
+
+    tokens: int
+    seconds: float
+    steps: int
+    forward: float  # input tokens of every forward pass
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.tokens / self.seconds if self.seconds else 0.0
+
+    @property
+    def tokens_per_step(self) -> float:
+        return self.tokens / self.steps if self.steps else 0.0
+
+    @property
+    def forward_per_step(self) -> float:
+        return self.forward / self.steps if self.steps else 0.0
+
+
+# (data set, run label) -> that run's Measurement of each of the data set's prompts, in order
+Runs = dict[tuple[str, str], list[Measurement]]
+
+
+def total(measurements: list[Measurement], keep: list[int] | None = None) -> Totals:
+    """Sums over ``measurements`` (only those at indices ``keep`` when given)."""
+    chosen = measurements if keep is None else [measurements[i] for i in keep]
+    return Totals(
+        tokens=sum(m.new_tokens for m in chosen),
+        seconds=sum(m.seconds for m in chosen),
+        steps=sum(m.steps for m in chosen),
+        forward=sum(m.forward_tokens for m in chosen),
+    )
+
+
+def agreeing(runs: Runs, dataset: str, labels: list[str]) -> list[int]:
+    """Indices of the data set's prompts on which every run of ``labels`` wrote the same tokens.
+
+    In bf16 a near tie can go either way in passes of different sizes, and once two runs'
+    texts part, the rest of each is easier or harder to guess: comparing proposers on the
+    prompts where they wrote the same text leaves that out.
+    """
+    first, *others = (runs[dataset, label] for label in labels)
+    return [i for i, m in enumerate(first) if all(o[i].tokens == m.tokens for o in others)]
 
 
 def measure_in_turn(model, tokenizer, prompts: dict, runs: dict, max_new_tokens: int,
-                    progress=None, datastore: Datastore | None = None) -> Totals:
+                    progress=None, datastore: Datastore | None = None) -> Runs:
     """Each prompt by every run in turn, prompt-major, so that a slow spell of the machine hits
     every run alike (it drifts by tens of percent within minutes).
 
@@ -207,17 +256,14 @@ def measure_in_turn(model, tokenizer, prompts: dict, runs: dict, max_new_tokens:
         if run not in warmed:
             measure(run[0], model, warm, 32, run[1], pad_token_id=pad, datastore=datastore)
             warmed.add(run)
-    totals: Totals = {}
+    measured: Runs = {(d, label): [] for d in prompts for label in runs[d]}
     for dataset, items in prompts.items():
         for prompt in items:
             ids = encode_prompt(tokenizer, prompt)
             for label, (method, options) in runs[dataset].items():
-                m = measure(method, model, ids, max_new_tokens, options, pad_token_id=pad,
-                            datastore=datastore)
-                forward = m.stats["mean_forward_tokens"] * m.steps if m.stats else m.steps
-                total = totals.setdefault((dataset, label), [0, 0.0, 0, 0.0])
-                for i, value in enumerate((m.new_tokens, m.seconds, m.steps, forward)):
-                    total[i] += value
+                measured[dataset, label].append(measure(
+                    method, model, ids, max_new_tokens, options, pad_token_id=pad,
+                    datastore=datastore))
             if progress is not None:
                 progress(dataset, prompt)
-    return totals
+    return measured

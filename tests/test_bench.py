@@ -172,6 +172,33 @@ def test_tune_writes_a_profile_that_shape_auto_reads(tiny, capsys) -> None:
     )  # fmt: skip
 
 
+def test_the_tuner_must_beat_the_default_as_shipped(tiny, capsys) -> None:
+    """With the default shape among the shapes, the tuner also runs it at the shipped token
+    cost: that row is the default every other must beat, the same shape at this curve's cost
+    included, and keeping it keeps the shipped cost."""
+    cache, model = tiny["cache"] / "shipped", str(tiny["model"])
+    argv = [
+        "tune", "--model", model, "--dtype", "float64", "--dataset", str(tiny["prompts"]),
+        "--limit", "1", "--max-new-tokens", "8", "--tokens", "1,8", "--repeats", "1",
+        "--shapes", "2x5x4,1x2x2", "--margin", "0.99", "--cache-dir", str(cache),
+    ]  # fmt: skip
+    assert main(argv) == 0
+    assert "| 2 | 5 | 4 | 8 | 0.025 |" in capsys.readouterr().out  # the k column
+    profile = load_profile(model, "float64", cache_dir=cache)
+    cost = profile["token_cost"]
+    assert cost != LookaheadConfig().token_cost
+    rows = [(row["window"], row.get("token_cost")) for row in profile["shapes"]]
+    assert rows == [(2, None), (2, cost), (1, cost)]
+    # No shape leads by 99 %: the default as shipped is kept, at the shipped cost.
+    assert profile["best"] == dict(DEFAULT_SHAPE, lookup_tokens=8)
+    assert LookaheadConfig(**resolve_shape(model, "float64", cache_dir=cache)) == LookaheadConfig()
+    # The default shape at another cost is not the default: it must lead like any other.
+    shipped = dict(DEFAULT_SHAPE, predicted_tokens_per_second=40.0)
+    priced = dict(DEFAULT_SHAPE, token_cost=0.06, predicted_tokens_per_second=41.0)
+    assert choose_shape([shipped, priced], margin=0.03) is shipped
+    assert choose_shape([shipped, priced], margin=0.0) is priced
+
+
 def test_a_workload_profile_is_its_own_and_falls_back_to_the_general_one(tiny, capsys) -> None:
     cache, model = tiny["cache"] / "workload", str(tiny["model"])
     general = profile_path(model, "float64", cache_dir=cache)

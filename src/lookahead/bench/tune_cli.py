@@ -39,7 +39,7 @@ from lookahead.bench.tune import (
     versus_default,
 )
 from lookahead.commands.common import add_datastore_arg, float_in, int_in, workload_arg
-from lookahead.config import MAX_DRAFT_TOKENS
+from lookahead.config import MAX_DRAFT_TOKENS, LookaheadConfig
 
 logger = logging.getLogger(__name__)
 
@@ -193,17 +193,19 @@ def profile_table(profile: dict) -> str:
         "| ms | " + " | ".join(f"{1000 * s:.1f}" for s in curve["seconds"]) + " |",
         "",
         (
-            "| W | N | G | L | tokens/step | fwd tokens | predicted tok/s | predicted speed-up "
+            "| W | N | G | L | k | tokens/step | fwd tokens | predicted tok/s | predicted speed-up "
             f"| predicted tok/s {' / '.join(sets)} | vs default per prompt (faster on) "
             "| measured tok/s | step ms predicted/measured |"
         ),
-        "|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|",
+        "|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|",
     ]
     for row in profile["shapes"]:
         per_set = row.get("predicted_per_dataset", {})
         lines.append(
             f"| {row['window']} | {row['ngram']} | {row['guess']} "
-            f"| {row.get('lookup_tokens', DEFAULT_LOOKUP_TOKENS)} | {row['tokens_per_step']:.2f} "
+            f"| {row.get('lookup_tokens', DEFAULT_LOOKUP_TOKENS)} "
+            f"| {row.get('token_cost', LookaheadConfig().token_cost):g} "
+            f"| {row['tokens_per_step']:.2f} "
             f"| {row['mean_forward_tokens']:.1f} | {row['predicted_tokens_per_second']:.1f} "
             f"| {row['predicted_tokens_per_second'] / base:.2f}x "
             f"| {' / '.join(f'{per_set.get(name, 0.0):.1f}' for name in sets)} "
@@ -216,7 +218,7 @@ def profile_table(profile: dict) -> str:
         (
             f"autoregressive predicted: {base:.1f} tok/s; step overhead beside the forward "
             f"pass: {profile.get('step_overhead_ms', 0.0):.1f} ms; best ({profile['select']}): "
-            + shape_label(best)
+            + shape_label(best) + f" k={best.get('token_cost', LookaheadConfig().token_cost):g}"
         ),
     ]
     return "\n".join(lines)

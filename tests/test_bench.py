@@ -28,6 +28,7 @@ from lookahead.bench.tune import (
     profile_path,
     resolve_shape,
     saved_profile_path,
+    scaled_costs,
     step_overhead_of,
     token_cost_of,
     versus_default,
@@ -181,14 +182,18 @@ def test_the_tuner_must_beat_the_default_as_shipped(tiny, capsys) -> None:
         "tune", "--model", model, "--dtype", "float64", "--dataset", str(tiny["prompts"]),
         "--limit", "1", "--max-new-tokens", "8", "--tokens", "1,8", "--repeats", "1",
         "--shapes", "2x5x4,1x2x2", "--margin", "0.99", "--cache-dir", str(cache),
+        "--cost-scales", "1,0.5",
     ]  # fmt: skip
     assert main(argv) == 0
     assert "| 2 | 5 | 4 | 8 | 0.025 |" in capsys.readouterr().out  # the k column
     profile = load_profile(model, "float64", cache_dir=cache)
     cost = profile["token_cost"]
-    assert cost != LookaheadConfig().token_cost
+    assert cost != LookaheadConfig().token_cost and profile["cost_scales"] == [1.0, 0.5]
+    # Each shape at each scale of the curve's cost (one, if the tiny model's curve is flat),
+    # cheapest first; the default shape also as shipped.
+    costs = scaled_costs(cost, (1.0, 0.5))
     rows = [(row["window"], row.get("token_cost")) for row in profile["shapes"]]
-    assert rows == [(2, None), (2, cost), (1, cost)]
+    assert rows == [(2, None)] + [(2, c) for c in costs] + [(1, c) for c in costs]
     # No shape leads by 99 %: the default as shipped is kept, at the shipped cost.
     assert profile["best"] == dict(DEFAULT_SHAPE, lookup_tokens=8)
     assert LookaheadConfig(**resolve_shape(model, "float64", cache_dir=cache)) == LookaheadConfig()
@@ -197,6 +202,13 @@ def test_the_tuner_must_beat_the_default_as_shipped(tiny, capsys) -> None:
     priced = dict(DEFAULT_SHAPE, token_cost=0.06, predicted_tokens_per_second=41.0)
     assert choose_shape([shipped, priced], margin=0.03) is shipped
     assert choose_shape([shipped, priced], margin=0.0) is priced
+    assert scaled_costs(0.1, (1, 1.6, 0.5, 20)) == [0.05, 0.1, 0.16, 1.0]
+    assert scaled_costs(0.0, (1, 2)) == [0.0]
+    with pytest.raises(SystemExit):
+        main([*argv, "--cost-scales", "1,-1"])
+    assert "argument --cost-scales: must be in [0.0, 10.0], got -1.0" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="cost_scales must list numbers in"):
+        TuneConfig(cost_scales=())
 
 
 def test_a_workload_profile_is_its_own_and_falls_back_to_the_general_one(tiny, capsys) -> None:

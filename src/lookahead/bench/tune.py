@@ -119,7 +119,9 @@ class TuneConfig:
     them: True, False, or None where the model allows it. ``datastore``: the shapes also copy
     from this corpus ("stdlib" or a file or folder of text, see ``load_datastore``), as the
     commands run with ``--datastore``: the copies it adds are forward tokens too, and can
-    move the best shape."""
+    move the best shape. ``cost_scales``: each shape runs at the curve's token cost times
+    each of these, so that the token cost is chosen with the shape (the curve's one slope can
+    under- or overstate what the tokens a step feeds cost; see ``_runs``)."""
 
     model: str = DEFAULT_MODEL
     dtype: str = AUTO_DTYPE
@@ -136,9 +138,15 @@ class TuneConfig:
     workload: str | None = None
     packed_weights: bool | None = None
     datastore: str | None = None
+    cost_scales: tuple[float, ...] = (1.0,)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "dtype", dtype_name(self.dtype))
+        if not self.cost_scales or not all(
+            isinstance(x, (int, float)) and not isinstance(x, bool) and 0.0 <= x <= 10.0
+            for x in self.cost_scales
+        ):
+            raise ValueError(f"cost_scales must list numbers in [0, 10], got {self.cost_scales!r}")
         if self.datastore is not None:
             check_spec(self.datastore)  # before the model loads
         if self.workload is not None:
@@ -378,7 +386,7 @@ def _measure(model, prompts: Mapping[str, list[torch.Tensor]], config: TuneConfi
     _report(progress, 0, 1 + len(config.shapes), "forward-cost curve")
     curve = forward_cost_curve(model, first, config.tokens, config.repeats)
     token_cost = round(token_cost_of(curve), 4)  # the window runs at this machine's price
-    runs = _runs(config.shapes, token_cost)
+    runs = _runs(config.shapes, scaled_costs(token_cost, config.cost_scales))
     total = 1 + len(runs)
     rows = []
     for index, (shape, cost) in enumerate(runs, start=1):
@@ -394,20 +402,27 @@ def _measure(model, prompts: Mapping[str, list[torch.Tensor]], config: TuneConfi
     return curve, token_cost, rows
 
 
-def _runs(shapes, token_cost: float) -> list[tuple[tuple[int, ...], float | None]]:
-    """(shape, token cost) to measure: every shape at this machine's token cost, and before
-    the default shape's row, where the shapes have it, the default at the shipped cost (None).
+def scaled_costs(token_cost: float, scales) -> list[float]:
+    """The token costs ``token_cost`` times each of ``scales``, at most 1, rounded, distinct and
+    ascending."""
+    return sorted({round(min(token_cost * x, 1.0), 4) for x in scales})
+
+
+def _runs(shapes, costs: list[float]) -> list[tuple[tuple[int, ...], float | None]]:
+    """(shape, token cost) to measure: every shape at each of ``costs``, and before the
+    default shape's rows, where the shapes have it, the default at the shipped cost (None).
 
     The shipped default is what the tuner must beat. The curve's one slope can overstate what
     the first few tokens cost (SmolLM2 bf16 on an Intel Xeon: flat to 4 tokens, steep after),
     and then the default shape at that cost cut candidates too short: a profile that kept the
     default shape but changed its cost lost to the untuned default (session 29, MT-Bench).
     """
+    shipped = LookaheadConfig().token_cost
     runs: list[tuple[tuple[int, ...], float | None]] = []
     for shape in shapes:
-        if _is_default(shape_dict(shape)) and token_cost != LookaheadConfig().token_cost:
+        if _is_default(shape_dict(shape)) and shipped not in costs:
             runs.append((shape, None))
-        runs.append((shape, token_cost))
+        runs += [(shape, cost) for cost in costs]
     return runs
 
 
@@ -434,6 +449,7 @@ def _setting(config: TuneConfig, model, packed: bool, samples: Mapping[str, list
         max_new_tokens=config.max_new_tokens,
         select=config.select,
         margin=config.margin,
+        cost_scales=list(config.cost_scales),
     )
 
 

@@ -93,6 +93,9 @@ def register(subparsers) -> None:
                         help="save the profile under this name (e.g. code, tuned with --dataset "
                         "humaneval), read by --workload NAME of the other commands, instead of "
                         "as the model's general profile")
+    parser.add_argument("--cost-scales", type=_scale_list, default=(1.0,), metavar="X[,X...]",
+                        help="run each shape at the curve's token cost times each of these, "
+                        "and choose the cost with the shape (1: the curve's alone)")
     add_datastore_arg(parser, "the shapes also copy")
     parser.add_argument("--no-save", action="store_true", help="print, but save no profile")
     parser.set_defaults(func=run)
@@ -100,6 +103,10 @@ def register(subparsers) -> None:
 
 def _int_list(text: str) -> tuple[int, ...]:
     return tuple(positive_int(item) for item in comma_list()(text))
+
+
+def _scale_list(text: str) -> tuple[float, ...]:
+    return tuple(float_in(0.0, 10.0)(item) for item in comma_list()(text))
 
 
 def _shape_list(text: str) -> tuple[tuple[int, ...], ...]:
@@ -147,6 +154,7 @@ def run(args: argparse.Namespace) -> int:
             cache_dir=args.cache_dir,
             workload=args.workload,
             datastore=args.datastore,
+            cost_scales=args.cost_scales,
         )
         columns = (
             TextColumn("{task.description}"),

@@ -162,6 +162,7 @@ def _verdicts(measured, dataset: str, shapes: dict) -> list[str]:
     both = agreeing(measured, dataset, ["default", "tuned"])
     for name, keep in (("all prompts", None), (f"the {len(both)} with the same text", both)):
         if keep == []:
+            lines.append(f"| {dataset} | no prompt where both wrote the same text | | | | | |")
             continue
         default, tuned = (total(measured[dataset, label], keep) for label in ("default", "tuned"))
         ratio = tuned.tokens_per_second / default.tokens_per_second

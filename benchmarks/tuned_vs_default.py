@@ -31,7 +31,7 @@ import sys
 
 from lookahead.bench.args import add_comparison_arguments, apply_threads, quiet_loading
 from lookahead.bench.methods import MethodOptions, agreeing, measure_in_turn, total
-from lookahead.bench.tune import DEFAULT_SHAPE, load_profile, resolve_shape
+from lookahead.bench.tune import DEFAULT_SHAPE, DEFAULT_TOKEN_COST, load_profile, resolve_shape
 from lookahead.bench.tune import shape_label as shape_name
 from lookahead.commands.common import add_datastore_arg
 from lookahead.config import LookaheadConfig
@@ -153,7 +153,7 @@ def report(args, shapes, measured, prompts) -> str:
 
 def _name(shape: dict) -> str:
     """The shape's label, with the token cost its gauges run at (the default's if not given)."""
-    return f"{shape_name(shape)} k={shape.get('token_cost', LookaheadConfig().token_cost)}"
+    return f"{shape_name(shape)} k={shape.get('token_cost', DEFAULT_TOKEN_COST)}"
 
 
 def _verdicts(measured, dataset: str, shapes: dict) -> list[str]:

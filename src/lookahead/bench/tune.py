@@ -78,6 +78,7 @@ DEFAULT_SHAPE: Mapping[str, int] = MappingProxyType(
     dict(window=_DEFAULTS.window, ngram=_DEFAULTS.ngram, guess=_DEFAULTS.guess)
 )
 DEFAULT_LOOKUP_TOKENS = _DEFAULTS.lookup_tokens
+DEFAULT_TOKEN_COST = _DEFAULTS.token_cost  # the shipped price: what an untuned run cuts at
 # What a profile's best shape holds: (W, N, G), and the length of the copied continuation
 # that lookahead verifies beside its pool's n-grams (a 4th number in a shape tuple).
 SHAPE_KEYS = ("window", "ngram", "guess", "lookup_tokens")
@@ -260,7 +261,7 @@ def token_cost_of(curve: Mapping, up_to: int = 32) -> float:
     lookahead step's live), over the cost of one token; in [0, 1]."""
     points = [(k, s) for k, s in zip(curve["tokens"], curve["seconds"]) if k <= up_to]
     if len(points) < 2:
-        return LookaheadConfig().token_cost
+        return DEFAULT_TOKEN_COST
     slope = float(np.polyfit(*zip(*points), deg=1)[0])
     return min(max(slope / cost_at(curve, 1), 0.0), 1.0)
 
@@ -417,10 +418,9 @@ def _runs(shapes, costs: list[float]) -> list[tuple[tuple[int, ...], float | Non
     shape, found no better, but at the curve's cost (0.064 against 0.025), and ran slower on
     the held-out prompts (0.96x on 12; 1.01x on the 5 where both wrote the same text).
     """
-    shipped = LookaheadConfig().token_cost
     runs: list[tuple[tuple[int, ...], float | None]] = []
     for shape in shapes:
-        if _is_default(shape_dict(shape)) and shipped not in costs:
+        if _is_default(shape_dict(shape)) and DEFAULT_TOKEN_COST not in costs:
             runs.append((shape, None))
         runs += [(shape, cost) for cost in costs]
     return runs
@@ -547,10 +547,9 @@ def shape_of(row: Mapping) -> dict[str, float]:
 
 def _is_default(row: Mapping) -> bool:
     """Whether a shape or tuning row is the default shape at the shipped token cost."""
-    shipped = LookaheadConfig().token_cost
     return all(row[k] == v for k, v in DEFAULT_SHAPE.items()) and (
         row.get("lookup_tokens", DEFAULT_LOOKUP_TOKENS) == DEFAULT_LOOKUP_TOKENS
-    ) and row.get("token_cost", shipped) == shipped
+    ) and row.get("token_cost", DEFAULT_TOKEN_COST) == DEFAULT_TOKEN_COST
 
 
 def shape_dict(shape) -> dict[str, int]:

@@ -29,6 +29,7 @@ from lookahead.bench.tune import (
     DEFAULT_LOOKUP_TOKENS,
     DEFAULT_SHAPES,
     DEFAULT_TOKENS,
+    DEFAULT_TOKEN_COST,
     SAMPLES,
     SELECT,
     TuneConfig,
@@ -39,7 +40,7 @@ from lookahead.bench.tune import (
     versus_default,
 )
 from lookahead.commands.common import add_datastore_arg, float_in, int_in, workload_arg
-from lookahead.config import MAX_DRAFT_TOKENS, LookaheadConfig
+from lookahead.config import MAX_DRAFT_TOKENS
 
 logger = logging.getLogger(__name__)
 
@@ -212,7 +213,7 @@ def profile_table(profile: dict) -> str:
         lines.append(
             f"| {row['window']} | {row['ngram']} | {row['guess']} "
             f"| {row.get('lookup_tokens', DEFAULT_LOOKUP_TOKENS)} "
-            f"| {row.get('token_cost', LookaheadConfig().token_cost):g} "
+            f"| {row.get('token_cost', DEFAULT_TOKEN_COST):g} "
             f"| {row['tokens_per_step']:.2f} "
             f"| {row['mean_forward_tokens']:.1f} | {row['predicted_tokens_per_second']:.1f} "
             f"| {row['predicted_tokens_per_second'] / base:.2f}x "
@@ -226,7 +227,7 @@ def profile_table(profile: dict) -> str:
         (
             f"autoregressive predicted: {base:.1f} tok/s; step overhead beside the forward "
             f"pass: {profile.get('step_overhead_ms', 0.0):.1f} ms; best ({profile['select']}): "
-            + shape_label(best) + f" k={best.get('token_cost', LookaheadConfig().token_cost):g}"
+            + shape_label(best) + f" k={best.get('token_cost', DEFAULT_TOKEN_COST):g}"
         ),
     ]
     return "\n".join(lines)

@@ -8,6 +8,8 @@ mask, no mask = causal, and one token) to show what the mask costs inside the mo
     python benchmarks/profile_step.py --threads 2
     python benchmarks/profile_step.py --model qwen2.5-coder-0.5b --shape 7x5x7 --steps 60
     python benchmarks/profile_step.py --pyinstrument      # also a call tree of whole steps
+    python benchmarks/profile_step.py --model qwen2.5-coder-1.5b --packed --shape 2x4x2 \
+        --lookup-tokens 4 --token-cost 0.255 --datastore stdlib --steps 120   # as benchmarked
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from lookahead.attention import TokenTree, attention_mask, layout_step
 from lookahead.bench.args import apply_threads, positive_int, shape_arg
 from lookahead.cache import cache_keyword, cache_length, keep_new
 from lookahead.datasets import encode_prompt, load_prompts
+from lookahead.datastore import load_datastore
 from lookahead.decode import StepPlan, fit_budget
 from lookahead.models import load_model
 
@@ -76,10 +79,13 @@ def time_update(proposer, clock: Clock) -> None:
 
 
 @torch.inference_mode()
-def profile_phases(model, input_ids, shape, steps: int) -> dict[str, list[float]]:
+def profile_phases(model, input_ids, shape, steps: int, **options) -> dict[str, list[float]]:
+    """Median µs per phase over ``steps`` steps; ``options`` go to ``make_decoder`` as given
+    (``lookup_tokens``, ``token_cost``, ``datastore``, ...)."""
     decoder = make_decoder(
-        model, input_ids, steps * 8, "lookahead", window=shape[0], ngram=shape[1], guess=shape[2]
-    )
+        model, input_ids, steps * 8, "lookahead",
+        window=shape[0], ngram=shape[1], guess=shape[2], **options,
+    )  # fmt: skip
     decoder.prefill()
     clock = Clock()
     time_update(decoder.proposer, clock)
@@ -139,14 +145,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=positive_int, default=40)
     parser.add_argument("--threads", type=positive_int)
     parser.add_argument("--packed", action="store_true", help="pack the linear layers")
+    parser.add_argument("--lookup-tokens", type=int, help="L, copied tokens (default: the library's)")
+    parser.add_argument("--token-cost", type=float, help="(default: the library's)")
+    parser.add_argument("--datastore", help="stdlib or a path, as the commands take")
     parser.add_argument("--pyinstrument", action="store_true")
     args = parser.parse_args(argv)
     apply_threads(args.threads)
     model, tokenizer = load_model(args.model, args.dtype, packed_weights=args.packed)
     prompt = load_prompts("humaneval", args.prompt + 1)[args.prompt]
     input_ids = encode_prompt(tokenizer, prompt)
-    profile_phases(model, input_ids, args.shape, 5)  # warm-up
-    samples = profile_phases(model, input_ids, args.shape, args.steps)
+    options = {
+        name: value
+        for name, value in (("lookup_tokens", args.lookup_tokens), ("token_cost", args.token_cost))
+        if value is not None
+    }
+    if args.datastore:
+        options["datastore"] = load_datastore(args.datastore, tokenizer)
+    profile_phases(model, input_ids, args.shape, 5, **options)  # warm-up
+    samples = profile_phases(model, input_ids, args.shape, args.steps, **options)
     steps = len(samples["2 mask + model forward"])
     print(
         f"{args.model} {str(model.dtype).removeprefix('torch.')}, W,N,G={args.shape}, "
@@ -166,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
 
         profiler = Profiler(interval=0.0005)
         with profiler:
-            profile_phases(model, input_ids, args.shape, args.steps)
+            profile_phases(model, input_ids, args.shape, args.steps, **options)
         print(profiler.output_text(unicode=True, color=False, show_all=False))
     return 0
 

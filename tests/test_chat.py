@@ -1,4 +1,5 @@
-"""``lookahead chat`` driven in a pseudo-terminal, as a person would use it (with pexpect)."""
+"""``lookahead chat`` driven in a pseudo-terminal, as a person would use it (with pexpect), and
+Ctrl-C in ``lookahead generate``."""
 
 from __future__ import annotations
 
@@ -28,12 +29,16 @@ def tiny_folder(tmp_path_factory) -> Path:
     return save_tiny_chat_model(tmp_path_factory.mktemp("tiny-chat"), max_positions=1 << 16)
 
 
-def spawn_chat(folder: Path, *extra: str):
+def spawn_lookahead(command: str, folder: Path, *extra: str):
     env = dict(os.environ, OMP_NUM_THREADS="1", COLUMNS="200", LINES="50")
-    argv = ["-m", "lookahead", "chat", "--model", str(folder), "--dtype", "float64", *extra]
-    child = pexpect.spawn(
+    argv = ["-m", "lookahead", command, "--model", str(folder), "--dtype", "float64", *extra]
+    return pexpect.spawn(
         sys.executable, argv, env=env, encoding="utf-8", timeout=TIMEOUT, dimensions=(50, 200)
     )
+
+
+def spawn_chat(folder: Path, *extra: str):
+    child = spawn_lookahead("chat", folder, *extra)
     child.expect_exact(PROMPT)
     return child
 
@@ -138,3 +143,16 @@ def test_ctrl_c_during_an_answer_sets_a_flag_then_raises_and_the_handler_is_rest
             os.kill(os.getpid(), signal.SIGINT)
             sum(range(1000))  # a few bytecodes for the handler to run in
     assert signal.getsignal(signal.SIGINT) is before
+
+
+def test_ctrl_c_stops_generate_with_status_130_and_no_traceback(tiny_folder) -> None:
+    child = spawn_lookahead("generate", tiny_folder, "--max-new-tokens", "60000", "hello")
+    try:
+        child.expect(r"\w+ \w+ \w+ \w+")  # the completion is streaming
+        child.sendintr()
+        child.expect_exact("lookahead generate: interrupted")
+        child.expect(pexpect.EOF)
+    finally:
+        child.close(force=True)
+    assert "Traceback" not in child.before
+    assert child.exitstatus == 130

@@ -49,11 +49,21 @@ def version_line() -> str:
             f"(torch {torch.__version__}, transformers {transformers.__version__})")
 
 
+# What a shell reports for a command that SIGINT ended (128 + 2).
+INTERRUPTED_EXIT_CODE = 130
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     level = logging.WARNING - 10 * args.verbose
     logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
-    return int(args.func(args) or 0)
+    try:
+        return int(args.func(args) or 0)
+    except KeyboardInterrupt:
+        # Ctrl-C is how a person stops a long generation or benchmark: a traceback through
+        # torch's internals would read as a crash.
+        print(f"\nlookahead {args.command}: interrupted", file=sys.stderr)
+        return INTERRUPTED_EXIT_CODE
 
 
 if __name__ == "__main__":

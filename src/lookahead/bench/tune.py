@@ -5,7 +5,9 @@ more and accepts more. Which trade wins depends on the machine. The tuner:
 
 1. measures the *forward-cost curve*: the median latency of one forward pass with k new tokens
    on top of a cached prompt, for k in ``tokens`` (1, 2, 4, ..., 96), made non-decreasing in k
-   (``monotone``: more tokens never cost less; a dip is a timing's noise);
+   (``monotone``: more tokens never cost less; a dip is a timing's noise), once before the
+   shapes run and once after, keeping each size's faster timing (``fastest_curve``: another
+   job only adds time);
 2. runs a few lookahead shapes on a few sample prompts of each data set (code, chat and maths
    by default, so that the choice is not one kind of text's; spread across each set, so that it
    is not one corner's) and records their tokens per step and the tokens each step fed to the
@@ -45,6 +47,7 @@ import logging
 import re
 import statistics
 import time
+from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -230,6 +233,14 @@ def forward_cost_curve(model, input_ids: torch.Tensor, tokens, repeats: int = 5)
     )
 
 
+def fastest_curve(curves: list[dict]) -> dict:
+    """Curves measured at different times, as one: each size's fastest median, made
+    non-decreasing. Another job only ever adds time, so the fastest timing is the closest to
+    the machine's own."""
+    seconds = [min(values) for values in zip(*(curve["seconds"] for curve in curves))]
+    return curves[0] | dict(seconds=monotone(seconds))
+
+
 def monotone(values: list[float]) -> list[float]:
     """The closest non-decreasing sequence in least squares (isotonic regression, by pooling
     adjacent violators): a forward pass of more tokens never costs less, so where a median dips
@@ -275,7 +286,8 @@ def measure_shape(model, prompts: Mapping[str, list[torch.Tensor]], shape, max_n
 
     Decoding figures leave the prefill out: ``tokens_per_step`` is tokens after the first per
     decoding step. ``prompt_runs`` keeps, per data set and prompt, [tokens after the first,
-    decoding steps, the curve's seconds for those steps' forward passes].
+    decoding steps, the curve's seconds for those steps' forward passes, [[k, steps that fed
+    k tokens], ...]] (the last, so that ``reprice`` can price the run on another curve).
     """
     options = shape_dict(shape)
     if token_cost is not None:
@@ -291,8 +303,9 @@ def measure_shape(model, prompts: Mapping[str, list[torch.Tensor]], shape, max_n
             decode_seconds += stats.seconds - stats.time_to_first_token
             step_tokens = stats.forward_tokens_per_step[1:]
             forward += step_tokens
+            sizes = sorted(Counter(step_tokens).items())
             runs[name].append([stats.new_tokens - 1, stats.steps - 1,
-                               sum(cost_at(curve, t) for t in step_tokens)])
+                               _forward_seconds(curve, sizes), [list(n) for n in sizes]])
     every = [run for set_runs in runs.values() for run in set_runs]
     new, steps = sum(run[0] for run in every), sum(run[1] for run in every)
     row = dict(
@@ -304,6 +317,19 @@ def measure_shape(model, prompts: Mapping[str, list[torch.Tensor]], shape, max_n
         prompt_runs=runs,
     )
     return predict(row, step_overhead)
+
+
+def _forward_seconds(curve: Mapping, sizes) -> float:
+    """The curve's seconds for the forward passes of ``sizes``, [(k, passes of k tokens)]."""
+    return sum(cost_at(curve, k) * count for k, count in sizes)
+
+
+def reprice(row: dict, curve: Mapping) -> dict:
+    """``row`` with each prompt run's forward seconds read off ``curve`` instead (not yet
+    ``predict``-ed again)."""
+    runs = {name: [[*run[:2], _forward_seconds(curve, run[3]), run[3]] for run in set_runs]
+            for name, set_runs in row["prompt_runs"].items()}
+    return row | dict(prompt_runs=runs)
 
 
 def predict(row: dict, step_overhead: float = 0.0) -> dict:
@@ -359,14 +385,17 @@ def tune(config: TuneConfig, progress: Progress | None = None, save: bool = True
                for name in config.datasets}
     prompts = {name: [encode_prompt(tokenizer, p) for p in sample]
                for name, sample in samples.items()}
-    curve, token_cost, rows = _measure(model, prompts, config, datastore, progress)
+    curves, token_cost, rows = _measure(model, prompts, config, datastore, progress)
+    curve = fastest_curve(curves)
+    rows = [predict(reprice(row, curve)) for row in rows]
     overhead = step_overhead_of(rows)
     rows = [predict(row, overhead) for row in rows]
     best = choose_shape(rows, config.select, config.margin)
     profile = dict(
         **_setting(config, model, packed, samples),
         curve=curve,
-        token_cost=token_cost,
+        curves_measured=curves,
+        token_cost=token_cost,  # the first curve's: the shapes ran at it (and its scales)
         step_overhead_ms=1000 * overhead,
         autoregressive_predicted_tokens_per_second=1.0 / cost_at(curve, 1),
         shapes=rows,
@@ -379,16 +408,17 @@ def tune(config: TuneConfig, progress: Progress | None = None, save: bool = True
 
 def _measure(model, prompts: Mapping[str, list[torch.Tensor]], config: TuneConfig,
              datastore: Datastore | None, progress: Progress | None
-             ) -> tuple[dict, float, list[dict]]:
-    """The forward-cost curve (on the first prompt), its token cost, and a measured row per
-    shape of ``config.shapes`` at that cost (see :func:`measure_shape`); the default shape, if
-    among them, also at the shipped cost, as a user gets it untuned (``_runs``)."""
+             ) -> tuple[list[dict], float, list[dict]]:
+    """The forward-cost curve (on the first prompt) measured before and after the shapes, the
+    first one's token cost, and a measured row per shape of ``config.shapes`` at that cost
+    (see :func:`measure_shape`); the default shape, if among them, also at the shipped cost,
+    as a user gets it untuned (``_runs``)."""
     first = next(iter(prompts.values()))[0]
-    _report(progress, 0, 1 + len(config.shapes), "forward-cost curve")
+    _report(progress, 0, 2 + len(config.shapes), "forward-cost curve")
     curve = forward_cost_curve(model, first, config.tokens, config.repeats)
     token_cost = round(token_cost_of(curve), 4)  # the window runs at this machine's price
     runs = _runs(config.shapes, scaled_costs(token_cost, config.cost_scales))
-    total = 1 + len(runs)
+    total = 2 + len(runs)  # the curve, before the shapes and after them
     rows = []
     for index, (shape, cost) in enumerate(runs, start=1):
         label = shape_label(shape) + (" at the shipped token cost" if cost is None else "")
@@ -399,8 +429,28 @@ def _measure(model, prompts: Mapping[str, list[torch.Tensor]], config: TuneConfi
         )  # warm-up
         rows.append(measure_shape(model, prompts, shape, config.max_new_tokens, curve,
                                   cost, datastore=datastore))
+    # Measured again, so that a busy spell during either measurement does not price every
+    # shape's steps (session 31: 472 ms for one token, on a machine that decoded at 150 ms).
+    _report(progress, total - 1, total, "the forward-cost curve again")
+    curves = [curve, forward_cost_curve(model, first, config.tokens, config.repeats)]
+    _warn_if_apart(curves)
     _report(progress, total, total, "done")
-    return curve, token_cost, rows
+    return curves, token_cost, rows
+
+
+def _warn_if_apart(curves: list[dict], tolerance: float = 0.2) -> None:
+    """Log where two measurements of the curve differ by more than ``tolerance``: the machine
+    was busier during one of them, and the fastest is kept."""
+    first, again = (np.array(curve["seconds"]) for curve in curves)
+    apart = np.abs(first - again) / np.minimum(first, again)
+    if apart.max() > tolerance:
+        k = curves[0]["tokens"][int(apart.argmax())]
+        logger.warning(
+            "the forward-cost curve measured before and after the shapes differs by up to "
+            "%.0f %% (%d tokens: %.1f against %.1f ms): another job was running; the "
+            "faster timings are kept", 100 * apart.max(), k,
+            1000 * first[apart.argmax()], 1000 * again[apart.argmax()],
+        )
 
 
 def scaled_costs(token_cost: float, scales) -> list[float]:

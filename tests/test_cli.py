@@ -27,7 +27,9 @@ from transformers import PreTrainedTokenizerFast
 
 import lookahead
 from lookahead.cli import build_parser, main
-from lookahead.commands.common import TextDelta
+from lookahead.bench.cli import config_from_args
+from lookahead.bench.methods import _our_options
+from lookahead.commands.common import TextDelta, UsageError, method_options
 from lookahead.packing import cpu_packing_problem
 from lookahead.models import chat_prompt
 from lookahead.server.detokenize import Detokenizer
@@ -214,6 +216,20 @@ def test_generate_packs_float32_only_when_asked_and_prints_the_same(tiny_folder,
     assert len(packed_models) == 1 and lookahead.packing.is_packed(packed_models[0])
     assert code_default == code_packed == 0
     assert default.strip() and packed == default
+
+
+def test_max_step_tokens_reaches_generate_and_bench_and_not_plain_decoding() -> None:
+    generate = ["generate", "--model", "m", "--max-step-tokens", "5"]
+    args = build_parser().parse_args([*generate, "x"])
+    assert method_options(args)["max_step_tokens"] == 5
+    args = build_parser().parse_args([*generate, "--method", "autoregressive", "x"])
+    with pytest.raises(UsageError, match="--max-step-tokens"):
+        method_options(args)
+    args = build_parser().parse_args(["bench", "--max-step-tokens", "5", "--shape", "2x5x4"])
+    options = config_from_args(args).options
+    assert options.max_step_tokens == 5
+    assert _our_options("lookahead", options)["max_step_tokens"] == 5
+    assert "max_step_tokens" not in _our_options("autoregressive", options)
 
 
 def test_copy_length_flags_reach_the_method_options() -> None:

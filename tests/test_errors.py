@@ -72,6 +72,17 @@ def test_lookahead_shape_of_wrong_type(model, name, value):
     refused(model, name, TypeError, method="lookahead", **{name: value})
 
 
+@pytest.mark.parametrize("value", [0, -2, 2.5, True, "4"])
+def test_max_step_tokens_is_a_positive_int(model, value):
+    refused(model, ["max_step_tokens", "positive int"], ValueError, method="lookahead",
+            max_step_tokens=value)
+
+
+def test_max_step_tokens_is_no_option_of_plain_decoding(model):
+    refused(model, ["max_step_tokens", "autoregressive"], TypeError, method="autoregressive",
+            max_step_tokens=4)
+
+
 @pytest.mark.parametrize(
     "options, name",
     [

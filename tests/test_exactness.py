@@ -173,6 +173,27 @@ def test_multi_token_steps_happen(case_data, model_case):
         assert result.stats.tokens_per_step > 1, method_case
 
 
+@pytest.mark.parametrize("cap", [1, 3, 6])
+@pytest.mark.parametrize("method_case", ["lookahead", "prompt_lookup", "draft-self"])
+def test_a_capped_step_feeds_at_most_its_tokens_and_writes_the_same(case_data, method_case,
+                                                                    cap):
+    model, drafts, prompts, refs = case_data("llama-sdpa")
+    for name, ids in prompts.items():
+        result = run(model, ids, NEW_TOKENS, method_case, drafts, max_step_tokens=cap)
+        assert result.sequences.tolist() == refs[name].tolist(), (
+            f"prompt {name!r}: " + first_difference(result.sequences, refs[name])
+        )
+        check_stats(result, ids.shape[1])
+        fed = result.stats.forward_tokens_per_step[1:]  # the prefill feeds the whole prompt
+        assert max(fed) <= cap, (name, fed)
+    echo = run(model, prompts["echo"], NEW_TOKENS, method_case, drafts, max_step_tokens=cap)
+    if cap > 1:  # the cap leaves room for guesses, and on the echo prompt they are taken
+        assert echo.stats.tokens_per_step > 1
+    # Uncapped, some step feeds more than 3 tokens: a cap of 3 really cuts.
+    uncapped = run(model, prompts["echo"], NEW_TOKENS, method_case, drafts)
+    assert max(uncapped.stats.forward_tokens_per_step[1:]) > 3
+
+
 @pytest.mark.parametrize("model_case", ["llama-sdpa", "qwen2-sliding8"])
 def test_growing_copy_is_accepted_beyond_its_first_length(case_data, model_case):
     """On a text that repeats itself the copy grows past ``lookup_tokens`` (2 here), and steps

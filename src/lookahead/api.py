@@ -34,10 +34,11 @@ METHOD_OPTIONS = MappingProxyType({
     "autoregressive": (),
     "lookahead": ("window", "ngram", "guess", "prompt_pool", "output_pool", "lookup_ngram",
                   "lookup_tokens", "lookup_max_tokens", "token_cost", "window_probe",
-                  "trim_candidates", "memory", "datastore", "workload"),
+                  "trim_candidates", "memory", "datastore", "workload", "max_step_tokens"),
     "prompt_lookup": ("num_draft_tokens", "max_ngram", "min_ngram", "max_draft_tokens",
-                      "memory", "datastore"),
-    "draft": ("draft_model", "num_draft_tokens", "lookup_tokens", "lookup_ngram"),
+                      "memory", "datastore", "max_step_tokens"),
+    "draft": ("draft_model", "num_draft_tokens", "lookup_tokens", "lookup_ngram",
+              "max_step_tokens"),
 })
 
 
@@ -86,6 +87,10 @@ def generate(model, input_ids, max_new_tokens: int = 256, method: str = "lookahe
     ``memory`` (lookahead and prompt lookup): a ``TextMemory`` of earlier requests' texts to
     copy from; the finished text is added to it. ``datastore`` (the same two): a
     ``Datastore``, a corpus to copy from where neither the text nor the memory matches.
+    ``max_step_tokens`` (every method but autoregressive): the most tokens one forward pass
+    is fed, x0 included; the window is left out first, then candidates (None: no cap). Where a
+    pass of a few more tokens costs much more than one, a cap at the cost curve's knee spares
+    tokens that the gauges, pricing each token alike, let through.
     Sampling options for every method: do_sample, temperature, top_k, top_p, seed;
     ``eos_token_id`` overrides the model's own.
     Greedy output is token-for-token that of ``model.generate(do_sample=False)``.
@@ -124,6 +129,7 @@ def make_decoder(model, input_ids, max_new_tokens, method, **options) -> Decoder
     if method == "lookahead":
         options = resolve_auto_shape(model, options)
     memory = _check_memory(options.pop("memory", None))
+    step_tokens = _check_step_tokens(options.pop("max_step_tokens", None))
     datastore = _check_datastore(options.pop("datastore", None))
     proposer = make_proposer(model, method, options, sampling, generator, memory, datastore)
     return Decoder(
@@ -136,6 +142,7 @@ def make_decoder(model, input_ids, max_new_tokens, method, **options) -> Decoder
         generator=generator,
         method=method,
         memory=memory,
+        step_tokens=step_tokens,
     )
 
 
@@ -239,6 +246,13 @@ def _check_memory(memory) -> TextMemory | None:
     if memory is not None and not isinstance(memory, TextMemory):
         raise TypeError(f"memory must be a lookahead.TextMemory or None, got {_describe(memory)}")
     return memory
+
+
+def _check_step_tokens(step_tokens) -> int | None:
+    if step_tokens is not None and (isinstance(step_tokens, bool)
+                                    or not isinstance(step_tokens, int) or step_tokens < 1):
+        raise ValueError(f"max_step_tokens must be a positive int or None, got {step_tokens!r}")
+    return step_tokens
 
 
 def _check_datastore(datastore) -> Datastore | None:

@@ -87,6 +87,8 @@ class Decoder:
     input_ids: LongTensor [1, prompt_len]. Tokens are committed until ``max_new_tokens`` or
     until a token in ``eos_token_ids`` (which is emitted, as ``model.generate`` does).
     ``memory``: where the finished text (prompt and output) is remembered for later requests.
+    ``step_tokens``: the most tokens a step feeds the model, x0 included (``fit_budget``);
+    None: all the proposer proposes.
     """
 
     def __init__(
@@ -101,8 +103,10 @@ class Decoder:
         generator: torch.Generator | None = None,
         method: str = "",
         memory: TextMemory | None = None,
+        step_tokens: int | None = None,
     ) -> None:
         self.model = model
+        self.step_tokens = step_tokens
         self.proposer = proposer
         self.sampling = sampling
         self.max_new_tokens = max_new_tokens
@@ -180,8 +184,11 @@ class Decoder:
         """Step 1: propose candidates (and the lookahead window) and lay out the step's input.
 
         ``budget`` caps the step's input tokens (x0 included): the server shares one forward
-        pass between requests. The window goes first, then candidates beyond the budget.
+        pass between requests. The window goes first, then candidates beyond the budget. The
+        request's own ``step_tokens`` caps it too.
         """
+        if self.step_tokens is not None:
+            budget = self.step_tokens if budget is None else min(budget, self.step_tokens)
         room = self.max_new_tokens - self.stats.new_tokens - 1  # the bonus token needs one
         if budget is not None:
             # Deeper candidates would be cut anyway; a draft model is spared their passes.

@@ -28,7 +28,7 @@ from lookahead.bench.methods import METHODS, MethodOptions
 from lookahead.bench.report import markdown_table, write_results
 from lookahead.bench.runner import BenchConfig, run_benchmark
 from lookahead.bench.tune import shape_label
-from lookahead.commands.common import add_datastore_arg
+from lookahead.commands.common import add_datastore_arg, add_max_step_tokens
 from lookahead.config import DraftConfig, LookaheadConfig, PromptLookupConfig
 from lookahead.datastore import check_spec
 
@@ -89,6 +89,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="our lookahead and prompt lookup also copy from their earlier answers in the run",
     )
     add_datastore_arg(parser, "our lookahead and prompt lookup also copy")
+    add_max_step_tokens(parser)
     parser.add_argument("--out", default="bench-out", help="output folder (default bench-out)")
     parser.add_argument("--no-warmup", action="store_true", help="skip the warm-up runs")
     parser.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
@@ -106,6 +107,7 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
         hf_prompt_lookup_tokens=args.prompt_lookup_tokens,
         memory=args.memory,
         datastore=args.datastore,
+        max_step_tokens=args.max_step_tokens,
     )
     return BenchConfig(
         model=args.model,

@@ -67,6 +67,7 @@ class MethodOptions:
         own answer).
     datastore: our lookahead and prompt lookup also copy from this corpus ("stdlib" or a
         file or folder of text, see ``lookahead.datastore.load_datastore``); None: none.
+    max_step_tokens: the most tokens a step of ours feeds the model; None: no cap.
     """
 
     lookahead: LookaheadConfig = field(default_factory=LookaheadConfig)
@@ -75,6 +76,7 @@ class MethodOptions:
     hf_prompt_lookup_tokens: int = 10
     memory: bool = False
     datastore: str | None = None
+    max_step_tokens: int | None = None
 
 
 class _StepClock(BaseStreamer):
@@ -143,6 +145,8 @@ def _our_options(method: str, options: MethodOptions) -> dict:
     if config is None:
         return {}
     fields = dataclasses.asdict(config)
+    if options.max_step_tokens is not None:
+        fields["max_step_tokens"] = options.max_step_tokens
     return {name: fields[name] for name in METHOD_OPTIONS[method] if name in fields}
 
 

@@ -51,7 +51,8 @@ logger = logging.getLogger(__name__)
 # The method options the CLI exposes, by the keyword lookahead.generate takes; the flag is
 # "--" + name with "-" for "_". (--draft-model is handled apart: it names a model to load.)
 _SHAPE_OPTIONS = ("window", "ngram", "guess", "workload", "lookup_tokens", "lookup_max_tokens",
-                  "token_cost", "num_draft_tokens", "max_draft_tokens", "max_ngram")
+                  "token_cost", "num_draft_tokens", "max_draft_tokens", "max_ngram",
+                  "max_step_tokens")
 _SAMPLING_OPTIONS = ("temperature", "top_p", "top_k", "seed")
 
 
@@ -257,6 +258,7 @@ def add_method_args(parser: argparse.ArgumentParser, *, default: str = "lookahea
         metavar="N",
         help="prompt_lookup: longest n-gram matched",
     )
+    add_max_step_tokens(group)
     group.add_argument(
         "--draft-model", metavar="NAME", help="draft: the small model (same vocabulary)"
     )
@@ -342,6 +344,19 @@ def method_options(args: argparse.Namespace, draft_model: Any = None) -> dict[st
             raise UsageError(_flag(name), "needs --sample (decoding is greedy without it)")
         options[name] = value
     return options
+
+
+def add_max_step_tokens(parser) -> None:
+    """--max-step-tokens T, for every method that proposes (``lookahead.generate``'s
+    ``max_step_tokens``)."""
+    parser.add_argument(
+        "--max-step-tokens",
+        type=int_in(1, 1 << 16),
+        metavar="T",
+        help="lookahead, prompt_lookup, draft: the most tokens one forward pass is fed, the "
+        "last accepted token included (default: no cap); where a pass of a few more tokens "
+        "costs much more than one, the knee of `lookahead tune`'s cost curve",
+    )
 
 
 def add_datastore_arg(parser, who: str) -> None:

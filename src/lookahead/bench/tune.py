@@ -443,13 +443,13 @@ def _warn_if_apart(curves: list[dict], tolerance: float = 0.2) -> None:
     was busier during one of them, and the fastest is kept."""
     first, again = (np.array(curve["seconds"]) for curve in curves)
     apart = np.abs(first - again) / np.minimum(first, again)
-    if apart.max() > tolerance:
-        k = curves[0]["tokens"][int(apart.argmax())]
+    i = int(apart.argmax())
+    if apart[i] > tolerance:
         logger.warning(
             "the forward-cost curve measured before and after the shapes differs by up to "
             "%.0f %% (%d tokens: %.1f against %.1f ms): another job was running; the "
-            "faster timings are kept", 100 * apart.max(), k,
-            1000 * first[apart.argmax()], 1000 * again[apart.argmax()],
+            "faster timings are kept", 100 * apart[i], curves[0]["tokens"][i],
+            1000 * first[i], 1000 * again[i],
         )
 
 

@@ -120,6 +120,23 @@ def test_bench_runs_float32_packed_when_asked_and_checks_it_against_plain(tiny, 
     assert rows[("lookahead", "float32+packed")]["identical"] == 2  # against packed HF
 
 
+def test_bench_caps_our_steps_and_says_so(tiny, capsys) -> None:
+    out = tiny["out"] / "capped"
+    argv = _bench_argv(tiny, "--methods", "hf,lookahead,prompt_lookup", "--limit", "2",
+                       "--shape", "3x3x3", "--max-step-tokens", "3", "--no-plots",
+                       "--out", str(out))
+    assert main(argv) == 0
+    assert ", at most 3 tokens a step" in " ".join(capsys.readouterr().err.split())
+    results = json.loads((out / "results.json").read_text())
+    assert results["config"]["options"]["max_step_tokens"] == 3
+    assert ", at most 3 tokens a step" in (out / "results.md").read_text()
+    ours = [run for run in results["runs"] if run["method"] in ("lookahead", "prompt_lookup")]
+    fed = [max(run["stats"]["forward_tokens_per_step"][1:], default=0) for run in ours]
+    assert ours and max(fed) == 3, fed  # the prefill aside, steps fed up to 3 and no more
+    assert all(run["tokens"] == results["runs"][0]["tokens"] for run in results["runs"]
+               if run["prompt"] == results["runs"][0]["prompt"])  # float64: the same text
+
+
 def test_bench_header_names_the_shape_only_when_lookahead_runs(tiny, capsys) -> None:
     for methods, shown in [("hf,lookahead", True), ("hf,prompt_lookup", False)]:
         argv = _bench_argv(tiny, "--methods", methods, "--limit", "1", "--shape", "3x3x3",

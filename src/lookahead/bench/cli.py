@@ -152,6 +152,8 @@ def run_with_progress(config: BenchConfig) -> dict:
         header += ", with memory of earlier answers"
     if config.options.datastore:
         header += f", datastore {config.options.datastore}"
+    if config.options.max_step_tokens is not None:
+        header += f", at most {config.options.max_step_tokens} tokens a step"
     console.print(header)
     columns = (
         TextColumn("{task.description}"),

@@ -140,7 +140,9 @@ def markdown_table(results: dict) -> str:
         + f", greedy, up to {config['max_new_tokens']} new tokens, "
         f"{config['environment']['threads']} threads"
         + (", memory of earlier answers on" if config.get("options", {}).get("memory") else "")
-        + (f", datastore {store}" if (store := config.get("options", {}).get("datastore")) else ""),
+        + (f", datastore {store}" if (store := config.get("options", {}).get("datastore")) else "")
+        + (f", at most {cap} tokens a step"
+           if (cap := config.get("options", {}).get("max_step_tokens")) else ""),
     ]
     for dataset, rows in results["summary"].items():
         best = rows[0]["best_baseline_dtype"] if rows else None

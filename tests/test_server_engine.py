@@ -109,6 +109,22 @@ def test_batched_greedy_equals_generate_alone(model, tokenizer, budget) -> None:
         engine.stop()
 
 
+def test_a_request_capping_its_steps_is_capped_in_the_batch(model, tokenizer) -> None:
+    """A request's own ``max_step_tokens`` holds under the engine's larger budget."""
+    engine = Engine(model, tokenizer, EngineConfig(step_token_budget=64)).start()
+    try:
+        ids = prompt_ids(2, 30)
+        want = lookahead.generate(model, ids, 50, "autoregressive").new_tokens[0].tolist()
+        decoder = make_decoder(model, ids, 50, "prompt_lookup", max_step_tokens=2)
+        _, finish = _collect(engine.submit(decoder))
+        assert finish.token_ids == want
+        fed = decoder.stats.forward_tokens_per_step[1:]
+        assert fed and max(fed) == 2, fed
+        assert wait_idle(engine)
+    finally:
+        engine.stop()
+
+
 def test_batched_greedy_with_grouped_attention_equals_stock_generate(model, tokenizer) -> None:
     """The server's model runs on ``grouped_sdpa`` (``load_model`` switches it): batched steps
     of several tokens each must still give what the stock model gives alone."""

@@ -804,6 +804,12 @@ def test_fit_budget_drops_the_branch_first_and_trims_draft_probs():
     proposal = Proposal([[1, 2, 3]], branch=branch)
     fitted = fit_budget(proposal, 4)  # x0 + 4 branch tokens do not fit: no branch
     assert fitted.branch is None and fitted.candidates == [[1, 2, 3]]
+    fitted = fit_budget(proposal, 5)  # they fit, but leave no room to verify anything
+    assert fitted.branch is None and fitted.candidates == [[1, 2, 3]]
+    fitted = fit_budget(Proposal([], branch=branch), 5)  # nothing to verify: the branch stays
+    assert fitted.branch is branch and fitted.candidates == []
+    fitted = fit_budget(proposal, 6)  # room for one candidate token beside the branch
+    assert fitted.branch is branch and fitted.candidates == [[1]]
     fitted = fit_budget(proposal, 7)  # x0 + 4 + 2: the branch stays, the candidate is cut
     assert fitted.branch is branch and fitted.candidates == [[1, 2]]
     fitted = fit_budget(proposal, 8)

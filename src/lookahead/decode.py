@@ -59,13 +59,16 @@ def fit_depth(proposal: Proposal, depth: int) -> Proposal:
 def fit_budget(proposal: Proposal, budget: int | None) -> Proposal:
     """Trim ``proposal`` so that x0, the branch and the candidate trie fit in ``budget`` tokens.
 
-    The branch is dropped first (it only feeds future steps); then candidates are kept in
-    order while the trie they form still fits.
+    The branch is dropped first (it only feeds future steps): it stays only where it leaves
+    room for a candidate token beside it, if there are candidates (a step that verifies
+    nothing writes one token, as a plain one does, at a higher cost). Then candidates are
+    kept in order while the trie they form still fits.
     """
     if budget is None:
         return proposal
     branch = proposal.branch
-    if branch is not None and 1 + len(branch.tokens) > budget:
+    beside = 1 if proposal.candidates else 0
+    if branch is not None and 1 + len(branch.tokens) + beside > budget:
         branch = None
     room = budget - 1 - (0 if branch is None else len(branch.tokens))
     kept = 0

@@ -31,7 +31,13 @@ import sys
 
 from lookahead.bench.args import add_comparison_arguments, apply_threads, quiet_loading
 from lookahead.bench.methods import MethodOptions, agreeing, measure_in_turn, total
-from lookahead.bench.tune import DEFAULT_SHAPE, DEFAULT_TOKEN_COST, load_profile, resolve_shape
+from lookahead.bench.tune import (
+    DEFAULT_SHAPE,
+    DEFAULT_TOKEN_COST,
+    load_profile,
+    resolve_shape,
+    split_cap,
+)
 from lookahead.bench.tune import shape_label as shape_name
 from lookahead.commands.common import add_datastore_arg
 from lookahead.config import LookaheadConfig
@@ -109,9 +115,14 @@ def held_out(prompts: list[Prompt], profile: dict, dataset: str, skip: int, limi
 def runs_of(shapes: dict[str, dict[str, int]]) -> dict:
     """label -> (method, MethodOptions): HF generate and lookahead in each shape."""
     return {"hf": ("hf", MethodOptions())} | {
-        label: ("lookahead", MethodOptions(lookahead=LookaheadConfig(**shape)))
-        for label, shape in shapes.items()
+        label: ("lookahead", _options(shape)) for label, shape in shapes.items()
     }
+
+
+def _options(shape: dict) -> MethodOptions:
+    """The benchmark's options for lookahead in ``shape`` (its step cap, if tuned, too)."""
+    fields, cap = split_cap(shape)
+    return MethodOptions(lookahead=LookaheadConfig(**fields), max_step_tokens=cap)
 
 
 def report(args, shapes, measured, prompts) -> str:
@@ -163,7 +174,7 @@ EVEN = 0.01
 def _verdicts(measured, dataset: str, shapes: dict) -> list[str]:
     """Tuned / default speed on all prompts and on those where both wrote the same text."""
     # Compared as the settings they make: a kept default comes back with its lookup length.
-    if LookaheadConfig(**shapes["tuned"]) == LookaheadConfig(**shapes["default"]):
+    if _options(shapes["tuned"]) == _options(shapes["default"]):
         return [f"| {dataset} | **same shape (the tuner kept the default)** | | | | | |"]
     lines = []
     both = agreeing(measured, dataset, ["default", "tuned"])

@@ -19,7 +19,7 @@ import sys
 
 from lookahead.bench.args import add_comparison_arguments, apply_threads, quiet_loading
 from lookahead.bench.methods import MethodOptions, measure_in_turn, total
-from lookahead.bench.tune import resolve_shape
+from lookahead.bench.tune import resolve_shape, split_cap
 from lookahead.config import LookaheadConfig
 from lookahead.datasets import load_prompts
 from lookahead.models import load_model
@@ -32,7 +32,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     apply_threads(args.threads)
     quiet_loading(args)
-    gauged = LookaheadConfig(**resolve_shape(args.model, args.dtype))
+    gauged = LookaheadConfig(**split_cap(resolve_shape(args.model, args.dtype))[0])
     runs = {
         "hf": ("hf", MethodOptions()),
         "every step": ("lookahead", MethodOptions(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -13,7 +14,7 @@ import lookahead
 from lookahead.api import make_decoder
 
 from lookahead.bench.cli import config_from_args
-from lookahead.bench.methods import METHODS
+from lookahead.bench.methods import METHODS, _our_options
 from lookahead.bench.report import markdown_table, summarise
 from lookahead.bench.runner import BenchConfig
 from lookahead.bench.tune import (
@@ -779,3 +780,70 @@ def test_agreeing_keeps_the_prompts_on_which_every_run_wrote_the_same() -> None:
     assert agreeing(runs, "d", ["a", "c"]) == [0, 1]
     assert total(runs["d", "a"], [0, 2]) == Totals(tokens=4, seconds=2.0, steps=4, forward=4)
     assert total(runs["d", "c"]).tokens_per_step == 1.0
+
+
+def test_the_tuner_can_choose_a_step_cap_and_the_commands_take_it(tiny, tmp_path, capsys
+                                                                   ) -> None:
+    """``--max-step-tokens 0,2`` runs each shape uncapped and capped at 2 tokens a step; a
+    profile whose best carries a cap hands it to ``window="auto"`` (lookahead only in bench),
+    where an explicit cap still wins."""
+    cache, model = tmp_path / "cache", str(tiny["model"])
+    argv = [
+        "tune", "--model", model, "--dtype", "float64", "--dataset", str(tiny["prompts"]),
+        "--limit", "1", "--max-new-tokens", "12", "--tokens", "1,8", "--repeats", "1",
+        "--shapes", "1x2x2,2x3x3", "--max-step-tokens", "0,2", "--cache-dir", str(cache),
+    ]  # fmt: skip
+    assert main(argv) == 0
+    assert re.search(r"\| 1 \| 2 \| 2 \| 8 \| [\d.]+ \| 2 \|", capsys.readouterr().out)  # T
+    profile = load_profile(model, "float64", cache_dir=cache)
+    assert profile["step_caps"] == [None, 2]
+    assert profile["curve"]["tokens"] == [1, 2, 8]  # a capped step's size is measured
+    rows = [(row["window"], row.get("max_step_tokens")) for row in profile["shapes"]]
+    # 2x3x3 is not the default shape (2x5x4): it gets no extra uncapped run at the shipped cost
+    assert rows == [(1, None), (1, 2), (2, None), (2, 2)]
+    capped = [row for row in profile["shapes"] if row.get("max_step_tokens")]
+    assert all(row["mean_forward_tokens"] <= 2 for row in capped)
+    assert any(row["mean_forward_tokens"] > 2 for row in profile["shapes"] if row not in capped)
+    config = TuneConfig(step_caps=(6, None, 2, 6), tokens=(1, 8))
+    assert (config.step_caps, config.tokens) == ((None, 2, 6), (1, 2, 6, 8))
+    with pytest.raises(ValueError, match=r"step_caps must be in \[1, 65536\], got 0"):
+        TuneConfig(step_caps=(0,))
+    with pytest.raises(SystemExit):
+        main([*argv, "--max-step-tokens", "0,-1"])
+    assert "argument --max-step-tokens:" in capsys.readouterr().err
+
+    # A profile whose best is capped (written here, so that the choice is known).
+    path = profile_path(model, "float64", cache_dir=cache)
+    best = {"window": 2, "ngram": 3, "guess": 3, "max_step_tokens": 2}
+    path.write_text(json.dumps({"best": best}))
+    assert resolve_shape(model, "float64", cache_dir=cache) == best
+    args = build_parser().parse_args(_bench_argv(tiny, "--cache-dir", str(cache)))
+    options = config_from_args(args).options
+    assert (options.max_step_tokens, options.lookahead_step_tokens) == (None, 2)
+    assert _our_options("lookahead", options)["max_step_tokens"] == 2
+    assert "max_step_tokens" not in _our_options("prompt_lookup", options)
+    args = build_parser().parse_args(_bench_argv(tiny, "--cache-dir", str(cache),
+                                                 "--max-step-tokens", "5"))
+    options = config_from_args(args).options
+    assert [_our_options(m, options)["max_step_tokens"] for m in ("lookahead", "draft")] == [5, 5]
+    path.write_text(json.dumps({"best": {**best, "max_step_tokens": 0}}))
+    assert resolve_shape(model, "float64", cache_dir=cache) == dict(DEFAULT_SHAPE)  # unreadable
+
+
+def test_window_auto_brings_the_tuned_step_cap(tiny, tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / ".cache"))
+    model, _ = lookahead.load_model(tiny["model"], dtype="float64")
+    ids = torch.tensor([[5, 6, 7, 5, 6, 7, 5, 6]])
+    path = profile_path(model.name_or_path, "float64")
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({"best": {"window": 2, "ngram": 3, "guess": 3,
+                                         "max_step_tokens": 3}}))
+    assert make_decoder(model, ids, 4, "lookahead").step_tokens == 3
+    assert make_decoder(model, ids, 4, "lookahead", max_step_tokens=5).step_tokens == 5
+    assert make_decoder(model, ids, 4, "lookahead", window=2).step_tokens is None
+    result = lookahead.generate(model, ids, 24, "lookahead")
+    assert max(result.stats.forward_tokens_per_step[1:]) <= 3
+    expected = model.generate(ids, max_new_tokens=24, do_sample=False,
+                              attention_mask=torch.ones_like(ids))
+    assert torch.equal(result.sequences, expected[:, : result.sequences.shape[1]])

@@ -152,8 +152,9 @@ def resolve_auto_shape(model, options: dict) -> dict:
 
     The shape comes from the profile ``lookahead tune`` saved for the model (by its
     ``name_or_path``: a bundled name, a folder or a hub id), dtype and device -- the profile of
-    ``options["workload"]`` if that is given and saved -- else the default shape; ``ngram`` and
-    ``guess`` given beside it are kept. An explicit int ``window`` keeps the shape as given.
+    ``options["workload"]`` if that is given and saved -- else the default shape; ``ngram``,
+    ``guess`` and ``max_step_tokens`` given beside it are kept (a profile's shape can bring a
+    step cap of its own, ``max_step_tokens``, which one given here replaces). An explicit int ``window`` keeps the shape as given.
     """
     options = dict(options)
     workload = options.pop("workload", None)

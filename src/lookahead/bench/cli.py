@@ -27,7 +27,7 @@ from lookahead.bench.args import (
 from lookahead.bench.methods import METHODS, MethodOptions
 from lookahead.bench.report import markdown_table, write_results
 from lookahead.bench.runner import BenchConfig, run_benchmark
-from lookahead.bench.tune import shape_label
+from lookahead.bench.tune import shape_label, split_cap
 from lookahead.commands.common import add_datastore_arg, add_max_step_tokens
 from lookahead.config import DraftConfig, LookaheadConfig, PromptLookupConfig
 from lookahead.datastore import check_spec
@@ -99,7 +99,8 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
     """The ``BenchConfig`` the arguments ask for (``--shape auto`` read from the profile)."""
     if args.datastore:
         check_spec(args.datastore)  # before the models load
-    shape = shape_from_args(args)
+    # A tuned profile may cap lookahead's steps; --max-step-tokens caps all of ours instead.
+    shape, tuned_cap = split_cap(shape_from_args(args))
     options = MethodOptions(
         lookahead=LookaheadConfig(**shape),
         prompt_lookup=PromptLookupConfig(num_draft_tokens=args.prompt_lookup_tokens),
@@ -108,6 +109,7 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
         memory=args.memory,
         datastore=args.datastore,
         max_step_tokens=args.max_step_tokens,
+        lookahead_step_tokens=tuned_cap,
     )
     return BenchConfig(
         model=args.model,
@@ -147,7 +149,7 @@ def run_with_progress(config: BenchConfig) -> dict:
     console = Console(stderr=True)
     header = f"[bold]{config.model}[/] {config.setting}: {', '.join(config.run_methods)}"
     if "lookahead" in config.run_methods:  # the shape is news only when lookahead runs
-        header += f"; lookahead {shape_label(asdict(shape))}"
+        header += f"; lookahead {shape_label(asdict(shape), config.options.lookahead_cap)}"
     if config.options.memory:
         header += ", with memory of earlier answers"
     if config.options.datastore:

@@ -68,6 +68,8 @@ class MethodOptions:
     datastore: our lookahead and prompt lookup also copy from this corpus ("stdlib" or a
         file or folder of text, see ``lookahead.datastore.load_datastore``); None: none.
     max_step_tokens: the most tokens a step of ours feeds the model; None: no cap.
+    lookahead_step_tokens: the same for lookahead alone where ``max_step_tokens`` is None
+        (the cap a tuned profile chose with its shape).
     """
 
     lookahead: LookaheadConfig = field(default_factory=LookaheadConfig)
@@ -77,6 +79,13 @@ class MethodOptions:
     memory: bool = False
     datastore: str | None = None
     max_step_tokens: int | None = None
+    lookahead_step_tokens: int | None = None
+
+    @property
+    def lookahead_cap(self) -> int | None:
+        """The most tokens a lookahead step feeds: ``max_step_tokens``, else the tuned cap."""
+        return self.max_step_tokens if self.max_step_tokens is not None else (
+            self.lookahead_step_tokens)
 
 
 class _StepClock(BaseStreamer):
@@ -145,8 +154,9 @@ def _our_options(method: str, options: MethodOptions) -> dict:
     if config is None:
         return {}
     fields = dataclasses.asdict(config)
-    if options.max_step_tokens is not None:
-        fields["max_step_tokens"] = options.max_step_tokens
+    cap = options.lookahead_cap if method == "lookahead" else options.max_step_tokens
+    if cap is not None:
+        fields["max_step_tokens"] = cap
     return {name: fields[name] for name in METHOD_OPTIONS[method] if name in fields}
 
 

@@ -131,6 +131,16 @@ def _steps(stats: dict) -> Iterable[tuple[int, int]]:
 # ----------------------------------------------------------------------------- output
 
 
+def _cap_note(options: dict) -> str:
+    """", at most T tokens a step" (every method of ours), or ", lookahead at most T ..." (the
+    tuned profile's cap), or nothing."""
+    if cap := options.get("max_step_tokens"):
+        return f", at most {cap} tokens a step"
+    if cap := options.get("lookahead_step_tokens"):
+        return f", lookahead at most {cap} tokens a step (tuned)"
+    return ""
+
+
 def markdown_table(results: dict) -> str:
     """One Markdown table per data set (and "all"), for the terminal or a report."""
     config = results["config"]
@@ -141,8 +151,7 @@ def markdown_table(results: dict) -> str:
         f"{config['environment']['threads']} threads"
         + (", memory of earlier answers on" if config.get("options", {}).get("memory") else "")
         + (f", datastore {store}" if (store := config.get("options", {}).get("datastore")) else "")
-        + (f", at most {cap} tokens a step"
-           if (cap := config.get("options", {}).get("max_step_tokens")) else ""),
+        + _cap_note(config.get("options", {})),
     ]
     for dataset, rows in results["summary"].items():
         best = rows[0]["best_baseline_dtype"] if rows else None

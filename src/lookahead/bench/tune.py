@@ -85,6 +85,9 @@ DEFAULT_TOKEN_COST = _DEFAULTS.token_cost  # the shipped price: what an untuned 
 # What a profile's best shape holds: (W, N, G), and the length of the copied continuation
 # that lookahead verifies beside its pool's n-grams (a 4th number in a shape tuple).
 SHAPE_KEYS = ("window", "ngram", "guess", "lookup_tokens")
+# A profile's best may also cap the tokens a step feeds (``lookahead.generate``'s
+# ``max_step_tokens``): a decoding option, not a ``LookaheadConfig`` field.
+STEP_KEY = "max_step_tokens"
 DEFAULT_TOKENS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96)
 # On a CPU a forward of 8-16 tokens costs little more than one, while 64 costs two to three
 # times as much (without AMX the curve is steeper still): the set is dense in small windows
@@ -125,7 +128,10 @@ class TuneConfig:
     commands run with ``--datastore``: the copies it adds are forward tokens too, and can
     move the best shape. ``cost_scales``: each shape runs at the curve's token cost times
     each of these, so that the token cost is chosen with the shape (the curve's one slope can
-    under- or overstate what the tokens a step feeds cost; see ``_runs``)."""
+    under- or overstate what the tokens a step feeds cost; see ``_runs``). ``step_caps``:
+    each shape also runs with each of these caps on the tokens a step feeds
+    (``max_step_tokens``; None: no cap), so that the cap is chosen with the shape: the curve
+    bends, and where 8 tokens cost far more than 6 a capped step can be the faster one."""
 
     model: str = DEFAULT_MODEL
     dtype: str = AUTO_DTYPE
@@ -143,6 +149,7 @@ class TuneConfig:
     packed_weights: bool | None = None
     datastore: str | None = None
     cost_scales: tuple[float, ...] = (1.0,)
+    step_caps: tuple[int | None, ...] = (None,)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "dtype", dtype_name(self.dtype))
@@ -151,6 +158,13 @@ class TuneConfig:
             for x in self.cost_scales
         ):
             raise ValueError(f"cost_scales must list numbers in [0, 10], got {self.cost_scales!r}")
+        if not self.step_caps:
+            raise ValueError("step_caps must list at least one cap (None: no cap)")
+        for cap in self.step_caps:
+            if cap is not None:
+                check_int("step_caps", cap, 1, 1 << 16)
+        caps = sorted(set(self.step_caps), key=lambda cap: (cap is not None, cap or 0))
+        object.__setattr__(self, "step_caps", tuple(caps))  # None (no cap) first
         if self.datastore is not None:
             check_spec(self.datastore)  # before the model loads
         if self.workload is not None:
@@ -160,7 +174,9 @@ class TuneConfig:
             raise ValueError("tokens must list at least one forward size")
         for k in self.tokens:
             check_int("tokens", k, 1, 4096)
-        object.__setattr__(self, "tokens", tuple(sorted(set(self.tokens))))
+        # A capped step feeds up to its cap: the curve is measured there, not interpolated.
+        capped = {cap for cap in self.step_caps if cap is not None and cap <= 4096}
+        object.__setattr__(self, "tokens", tuple(sorted(set(self.tokens) | capped)))
         check_int("repeats", self.repeats, 1, 1000)
         check_int("limit", self.limit, 1, 1 << 20)
         check_int("max_new_tokens", self.max_new_tokens, 2, 1 << 20)
@@ -279,10 +295,11 @@ def token_cost_of(curve: Mapping, up_to: int = 32) -> float:
 
 def measure_shape(model, prompts: Mapping[str, list[torch.Tensor]], shape, max_new_tokens: int,
                   curve, token_cost: float | None = None, step_overhead: float = 0.0,
-                  datastore: Datastore | None = None) -> dict:
+                  datastore: Datastore | None = None, step_cap: int | None = None) -> dict:
     """Run lookahead with ``shape`` on ``prompts`` (data set -> prompts); its acceptance,
     timing and predicted speed (``predict``). ``token_cost``: the price at which the window
     must pay (the default's when None). ``datastore``: a corpus the shape also copies from.
+    ``step_cap``: the most tokens a step feeds (``max_step_tokens``; None: no cap).
 
     Decoding figures leave the prefill out: ``tokens_per_step`` is tokens after the first per
     decoding step. ``prompt_runs`` keeps, per data set and prompt, [tokens after the first,
@@ -292,6 +309,8 @@ def measure_shape(model, prompts: Mapping[str, list[torch.Tensor]], shape, max_n
     options = shape_dict(shape)
     if token_cost is not None:
         options["token_cost"] = token_cost
+    if step_cap is not None:
+        options[STEP_KEY] = step_cap
     decode_seconds = 0.0
     forward: list[int] = []
     runs: dict[str, list[list[float]]] = {}
@@ -411,24 +430,24 @@ def _measure(model, prompts: Mapping[str, list[torch.Tensor]], config: TuneConfi
              ) -> tuple[list[dict], float, list[dict]]:
     """The forward-cost curve (on the first prompt) measured before and after the shapes, the
     first one's token cost, and a measured row per shape of ``config.shapes`` at that cost
-    (see :func:`measure_shape`); the default shape, if among them, also at the shipped cost,
-    as a user gets it untuned (``_runs``)."""
+    and each step cap (see :func:`measure_shape`); the default shape, if among them, also at
+    the shipped cost, uncapped, as a user gets it untuned (``_runs``)."""
     first = next(iter(prompts.values()))[0]
     _report(progress, 0, 2 + len(config.shapes), "forward-cost curve")
     curve = forward_cost_curve(model, first, config.tokens, config.repeats)
     token_cost = round(token_cost_of(curve), 4)  # the window runs at this machine's price
-    runs = _runs(config.shapes, scaled_costs(token_cost, config.cost_scales))
+    runs = _runs(config.shapes, scaled_costs(token_cost, config.cost_scales), config.step_caps)
     total = 2 + len(runs)  # the curve, before the shapes and after them
     rows = []
-    for index, (shape, cost) in enumerate(runs, start=1):
-        label = shape_label(shape) + (" at the shipped token cost" if cost is None else "")
+    for index, (shape, cost, cap) in enumerate(runs, start=1):
+        label = shape_label(shape, cap) + (" at the shipped token cost" if cost is None else "")
         _report(progress, index, total, label)
         lookahead.generate(
             model, first, min(config.max_new_tokens, 32), "lookahead", datastore=datastore,
             **shape_dict(shape)
         )  # warm-up
         rows.append(measure_shape(model, prompts, shape, config.max_new_tokens, curve,
-                                  cost, datastore=datastore))
+                                  cost, datastore=datastore, step_cap=cap))
     # Measured again, so that a busy spell during either measurement does not price every
     # shape's steps (session 31: 472 ms for one token, on a machine that decoded at 150 ms).
     _report(progress, total - 1, total, "the forward-cost curve again")
@@ -459,20 +478,23 @@ def scaled_costs(token_cost: float, scales) -> list[float]:
     return sorted({round(min(token_cost * x, 1.0), 4) for x in scales})
 
 
-def _runs(shapes, costs: list[float]) -> list[tuple[tuple[int, ...], float | None]]:
-    """(shape, token cost) to measure: every shape at each of ``costs``, and before the
-    default shape's rows, where the shapes have it, the default at the shipped cost (None).
+def _runs(shapes, costs: list[float], caps=(None,)
+          ) -> list[tuple[tuple[int, ...], float | None, int | None]]:
+    """(shape, token cost, step cap) to measure: every shape at each of ``costs`` with each
+    of ``caps``, and before the default shape's rows, where the shapes have it, the default at
+    the shipped cost (None) and uncapped, as a user gets it untuned.
 
     The shipped default is what the tuner must beat: a profile must not differ from what a
     user gets untuned without having beaten it. Session 29's MT-Bench profile kept the default
     shape, found no better, but at the curve's cost (0.064 against 0.025), and ran slower on
     the held-out prompts (0.96x on 12; 1.01x on the 5 where both wrote the same text).
     """
-    runs: list[tuple[tuple[int, ...], float | None]] = []
+    runs: list[tuple[tuple[int, ...], float | None, int | None]] = []
     for shape in shapes:
-        if _is_default(shape_dict(shape)) and DEFAULT_TOKEN_COST not in costs:
-            runs.append((shape, None))
-        runs += [(shape, cost) for cost in costs]
+        if _is_default(shape_dict(shape)) and (DEFAULT_TOKEN_COST not in costs
+                                               or None not in caps):
+            runs.append((shape, None, None))
+        runs += [(shape, cost, cap) for cost in costs for cap in caps]
     return runs
 
 
@@ -500,6 +522,7 @@ def _setting(config: TuneConfig, model, packed: bool, samples: Mapping[str, list
         select=config.select,
         margin=config.margin,
         cost_scales=list(config.cost_scales),
+        step_caps=list(config.step_caps),
     )
 
 
@@ -589,17 +612,36 @@ def versus_default(row: Mapping, default: Mapping) -> Versus | None:
 
 
 def shape_of(row: Mapping) -> dict[str, float]:
-    """The shape keywords of a profile's ``best`` or a tuning row: (W, N, G), which must be
-    there (else KeyError), and the lookup length and token cost where given."""
+    """The ``lookahead.generate`` keywords of a profile's ``best`` or a tuning row: (W, N, G),
+    which must be there (else KeyError), and the lookup length, token cost and step cap
+    (``max_step_tokens``) where given."""
     shape = {key: row[key] for key in SHAPE_KEYS[:3]}
-    return shape | {key: row[key] for key in (*SHAPE_KEYS[3:], "token_cost") if key in row}
+    optional = (*SHAPE_KEYS[3:], "token_cost", STEP_KEY)
+    return shape | {key: row[key] for key in optional if row.get(key) is not None}
+
+
+def split_cap(shape: Mapping) -> tuple[dict, int | None]:
+    """``shape`` (``shape_of``'s keywords) as its ``LookaheadConfig`` fields and its step cap
+    (``max_step_tokens``, None where it has none)."""
+    fields = dict(shape)
+    return fields, check_cap(fields.pop(STEP_KEY, None))
+
+
+def check_cap(cap) -> int | None:
+    """``cap``, a tuned ``max_step_tokens``: None (no cap) or an int in [1, 65536]."""
+    if cap is not None:
+        check_int(STEP_KEY, cap, 1, 1 << 16)
+    return cap
 
 
 def _is_default(row: Mapping) -> bool:
-    """Whether a shape or tuning row is the default shape at the shipped token cost."""
+    """Whether a shape or tuning row is the default shape at the shipped token cost, with
+    no step cap."""
     return all(row[k] == v for k, v in DEFAULT_SHAPE.items()) and (
         row.get("lookup_tokens", DEFAULT_LOOKUP_TOKENS) == DEFAULT_LOOKUP_TOKENS
-    ) and row.get("token_cost", DEFAULT_TOKEN_COST) == DEFAULT_TOKEN_COST
+    ) and row.get("token_cost", DEFAULT_TOKEN_COST) == DEFAULT_TOKEN_COST and (
+        row.get(STEP_KEY) is None
+    )
 
 
 def shape_dict(shape) -> dict[str, int]:
@@ -608,12 +650,15 @@ def shape_dict(shape) -> dict[str, int]:
     return dict(zip(SHAPE_KEYS, (*shape, DEFAULT_LOOKUP_TOKENS)[:4], strict=True))
 
 
-def shape_label(shape) -> str:
-    """The label "W=2 N=5 G=4", with " L=16" where the lookup length is not the default's."""
+def shape_label(shape, cap: int | None = None) -> str:
+    """The label "W=2 N=5 G=4", with " L=16" where the lookup length is not the default's and
+    " T=6" where a step feeds at most 6 tokens (``cap``, or the shape's ``max_step_tokens``)."""
     options = shape_dict(shape) if not isinstance(shape, Mapping) else shape
     label = "W={window} N={ngram} G={guess}".format(**options)
     lookup = options.get("lookup_tokens", DEFAULT_LOOKUP_TOKENS)
-    return label + (f" L={lookup}" if lookup != DEFAULT_LOOKUP_TOKENS else "")
+    label += f" L={lookup}" if lookup != DEFAULT_LOOKUP_TOKENS else ""
+    cap = cap if cap is not None else options.get(STEP_KEY)
+    return label + (f" T={cap}" if cap is not None else "")
 
 
 def _no_set_slower(row: dict, default: dict) -> bool:
@@ -703,7 +748,8 @@ def _read_profile(path: Path) -> dict | None:
         return None
     try:
         profile = json.loads(path.read_text(encoding="utf-8"))
-        LookaheadConfig(**shape_of(profile["best"]))
+        fields, _ = split_cap(shape_of(profile["best"]))
+        LookaheadConfig(**fields)
     except (OSError, ValueError, TypeError, KeyError) as error:
         logger.warning("ignoring the unreadable tuning profile %s (%s)", path, error)
         return None
@@ -712,8 +758,8 @@ def _read_profile(path: Path) -> dict | None:
 
 def resolve_shape(model_name: str, dtype, cache_dir=None, device: str = "cpu",
                   workload: str | None = None, packed: bool | None = None) -> dict[str, int]:
-    """``dict(window=, ngram=, guess=[, lookup_tokens=])``: the tuned best for this model, dtype
-    and device (from the ``workload`` profile if one is named and saved, else the general one),
+    """``dict(window=, ngram=, guess=[, lookup_tokens=, token_cost=, max_step_tokens=])``: the
+    tuned best for this model, dtype and device (from the ``workload`` profile if one is named and saved, else the general one),
     else ``DEFAULT_SHAPE``. Run ``lookahead tune --model NAME --dtype DTYPE [--workload W]`` to
     create a profile. ``packed``: whether the weights are packed (None: not known); only a
     profile measured on weights packed alike is taken."""

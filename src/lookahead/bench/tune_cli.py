@@ -32,6 +32,7 @@ from lookahead.bench.tune import (
     DEFAULT_TOKEN_COST,
     SAMPLES,
     SELECT,
+    STEP_KEY,
     TuneConfig,
     default_row,
     saved_profile_path,
@@ -97,6 +98,11 @@ def register(subparsers) -> None:
     parser.add_argument("--cost-scales", type=_scale_list, default=(1.0,), metavar="X[,X...]",
                         help="run each shape at the curve's token cost times each of these, "
                         "and choose the cost with the shape (1: the curve's alone)")
+    parser.add_argument("--max-step-tokens", type=_cap_list, default=(None,),
+                        metavar="T[,T...]",
+                        help="run each shape with each of these caps on the tokens a step "
+                        "feeds (0: no cap), and choose the cap with the shape (default 0); "
+                        "e.g. 0,4,6 where the cost curve bends after a few tokens")
     add_datastore_arg(parser, "the shapes also copy")
     parser.add_argument("--no-save", action="store_true", help="print, but save no profile")
     parser.set_defaults(func=run)
@@ -104,6 +110,11 @@ def register(subparsers) -> None:
 
 def _int_list(text: str) -> tuple[int, ...]:
     return tuple(positive_int(item) for item in comma_list()(text))
+
+
+def _cap_list(text: str) -> tuple[int | None, ...]:
+    """``0,4,6`` as (None, 4, 6): 0 is no cap."""
+    return tuple(int_in(0, 1 << 16)(item) or None for item in comma_list()(text))
 
 
 def _scale_list(text: str) -> tuple[float, ...]:
@@ -156,6 +167,7 @@ def run(args: argparse.Namespace) -> int:
             workload=args.workload,
             datastore=args.datastore,
             cost_scales=args.cost_scales,
+            step_caps=args.max_step_tokens,
         )
         columns = (
             TextColumn("{task.description}"),
@@ -202,11 +214,11 @@ def profile_table(profile: dict) -> str:
         "| ms | " + " | ".join(f"{1000 * s:.1f}" for s in curve["seconds"]) + " |",
         "",
         (
-            "| W | N | G | L | k | tokens/step | fwd tokens | predicted tok/s | predicted speed-up "
+            "| W | N | G | L | k | T | tokens/step | fwd tokens | predicted tok/s | predicted speed-up "
             f"| predicted tok/s {' / '.join(sets)} | vs default per prompt (faster on) "
             "| measured tok/s | step ms predicted/measured |"
         ),
-        "|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|",
+        "|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|",
     ]
     for row in profile["shapes"]:
         per_set = row.get("predicted_per_dataset", {})
@@ -214,6 +226,7 @@ def profile_table(profile: dict) -> str:
             f"| {row['window']} | {row['ngram']} | {row['guess']} "
             f"| {row.get('lookup_tokens', DEFAULT_LOOKUP_TOKENS)} "
             f"| {row.get('token_cost', DEFAULT_TOKEN_COST):g} "
+            f"| {row.get(STEP_KEY) or '-'} "
             f"| {row['tokens_per_step']:.2f} "
             f"| {row['mean_forward_tokens']:.1f} | {row['predicted_tokens_per_second']:.1f} "
             f"| {row['predicted_tokens_per_second'] / base:.2f}x "

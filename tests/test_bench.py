@@ -68,6 +68,12 @@ def _bench_argv(tiny, *extra: str) -> list[str]:
     ]  # fmt: skip
 
 
+def _tune_argv(tiny, cache: Path, *extra: str) -> list[str]:
+    """``lookahead tune`` on the tiny model in float64, its profile saved under ``cache``."""
+    return ["tune", "--model", str(tiny["model"]), "--dtype", "float64",
+            "--dataset", str(tiny["prompts"]), "--cache-dir", str(cache), *extra]
+
+
 def test_bench_runs_every_method_and_writes_results(tiny, capsys) -> None:
     out = tiny["out"]
     assert main(_bench_argv(tiny, "--out", str(out), "--shape", "3x3x3")) == 0
@@ -551,11 +557,8 @@ def test_tune_with_a_datastore_measures_the_shapes_copying_from_it(tiny, tmp_pat
 
 def test_a_shape_may_carry_the_lookup_length_and_the_tuner_can_choose_it(tiny, capsys) -> None:
     cache, model = tiny["cache"] / "lookup", str(tiny["model"])
-    argv = [
-        "tune", "--model", model, "--dtype", "float64", "--dataset", str(tiny["prompts"]),
-        "--limit", "1", "--max-new-tokens", "8", "--tokens", "1,8", "--repeats", "1",
-        "--shapes", "2x3x2,2x3x2x4", "--margin", "0", "--cache-dir", str(cache),
-    ]  # fmt: skip
+    argv = _tune_argv(tiny, cache, "--limit", "1", "--max-new-tokens", "8", "--tokens", "1,8",
+                      "--repeats", "1", "--shapes", "2x3x2,2x3x2x4", "--margin", "0")
     assert main(argv) == 0
     assert "| 2 | 3 | 2 | 4 |" in capsys.readouterr().out  # the L column
     profile = load_profile(model, "float64", cache_dir=cache)
@@ -788,11 +791,8 @@ def test_the_tuner_can_choose_a_step_cap_and_the_commands_take_it(tiny, tmp_path
     profile whose best carries a cap hands it to ``window="auto"`` (lookahead only in bench),
     where an explicit cap still wins."""
     cache, model = tmp_path / "cache", str(tiny["model"])
-    argv = [
-        "tune", "--model", model, "--dtype", "float64", "--dataset", str(tiny["prompts"]),
-        "--limit", "1", "--max-new-tokens", "12", "--tokens", "1,8", "--repeats", "1",
-        "--shapes", "1x2x2,2x3x3", "--max-step-tokens", "0,2", "--cache-dir", str(cache),
-    ]  # fmt: skip
+    argv = _tune_argv(tiny, cache, "--limit", "1", "--max-new-tokens", "12", "--tokens", "1,8",
+                      "--repeats", "1", "--shapes", "1x2x2,2x3x3", "--max-step-tokens", "0,2")
     assert main(argv) == 0
     assert re.search(r"\| 1 \| 2 \| 2 \| 8 \| [\d.]+ \| 2 \|", capsys.readouterr().out)  # T
     profile = load_profile(model, "float64", cache_dir=cache)

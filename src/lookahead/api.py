@@ -16,6 +16,7 @@ from lookahead.config import (
     PromptLookupConfig,
     SamplingConfig,
     check_int,
+    check_step_tokens,
 )
 from lookahead.datastore import Datastore
 from lookahead.decode import Decoder
@@ -129,7 +130,7 @@ def make_decoder(model, input_ids, max_new_tokens, method, **options) -> Decoder
     if method == "lookahead":
         options = resolve_auto_shape(model, options)
     memory = _check_memory(options.pop("memory", None))
-    step_tokens = _check_step_tokens(options.pop("max_step_tokens", None))
+    step_tokens = check_step_tokens(options.pop("max_step_tokens", None))
     datastore = _check_datastore(options.pop("datastore", None))
     proposer = make_proposer(model, method, options, sampling, generator, memory, datastore)
     return Decoder(
@@ -154,7 +155,8 @@ def resolve_auto_shape(model, options: dict) -> dict:
     ``name_or_path``: a bundled name, a folder or a hub id), dtype and device -- the profile of
     ``options["workload"]`` if that is given and saved -- else the default shape; ``ngram``,
     ``guess`` and ``max_step_tokens`` given beside it are kept (a profile's shape can bring a
-    step cap of its own, ``max_step_tokens``, which one given here replaces). An explicit int ``window`` keeps the shape as given.
+    step cap of its own, which one given here replaces). An explicit int ``window`` keeps the
+    shape as given.
     """
     options = dict(options)
     workload = options.pop("workload", None)
@@ -247,13 +249,6 @@ def _check_memory(memory) -> TextMemory | None:
     if memory is not None and not isinstance(memory, TextMemory):
         raise TypeError(f"memory must be a lookahead.TextMemory or None, got {_describe(memory)}")
     return memory
-
-
-def _check_step_tokens(step_tokens) -> int | None:
-    if step_tokens is not None and (isinstance(step_tokens, bool)
-                                    or not isinstance(step_tokens, int) or step_tokens < 1):
-        raise ValueError(f"max_step_tokens must be a positive int or None, got {step_tokens!r}")
-    return step_tokens
 
 
 def _check_datastore(datastore) -> Datastore | None:

@@ -28,6 +28,15 @@ def check_int(name: str, value: object, low: int, high: int) -> int:
     return value
 
 
+def check_step_tokens(step_tokens: object) -> int | None:
+    """Return ``step_tokens`` (``max_step_tokens``: the most tokens a step feeds) if it is a
+    positive int or None (no cap), else raise ValueError naming it."""
+    if step_tokens is not None and (isinstance(step_tokens, bool)
+                                    or not isinstance(step_tokens, int) or step_tokens < 1):
+        raise ValueError(f"max_step_tokens must be a positive int or None, got {step_tokens!r}")
+    return step_tokens
+
+
 def check_workload(workload: object) -> str:
     """Return ``workload`` if it is a name of a tuned profile (letters, digits, ``_``, ``-``: it
     becomes part of a file name), else raise naming the argument."""

@@ -61,7 +61,7 @@ import transformers
 import lookahead
 from lookahead.attention import attention_mask
 from lookahead.cache import cache_keyword, new_cache
-from lookahead.config import LookaheadConfig, check_int, check_workload
+from lookahead.config import LookaheadConfig, check_int, check_step_tokens, check_workload
 from lookahead.datasets import Prompt, encode_prompt, load_prompts, spread
 from lookahead.datastore import Datastore, check_spec, load_datastore
 from lookahead.models import (
@@ -624,14 +624,7 @@ def split_cap(shape: Mapping) -> tuple[dict, int | None]:
     """``shape`` (``shape_of``'s keywords) as its ``LookaheadConfig`` fields and its step cap
     (``max_step_tokens``, None where it has none)."""
     fields = dict(shape)
-    return fields, check_cap(fields.pop(STEP_KEY, None))
-
-
-def check_cap(cap) -> int | None:
-    """``cap``, a tuned ``max_step_tokens``: None (no cap) or an int in [1, 65536]."""
-    if cap is not None:
-        check_int(STEP_KEY, cap, 1, 1 << 16)
-    return cap
+    return fields, check_step_tokens(fields.pop(STEP_KEY, None))
 
 
 def _is_default(row: Mapping) -> bool:

@@ -177,6 +177,14 @@ def batched_attention_mask(
     return {"full_attention": full, "sliding_attention": windowed}
 
 
+def mask_to(mask: torch.Tensor | dict[str, torch.Tensor], device) -> torch.Tensor | dict:
+    """Move a mask, or a dict of masks per layer type (``batched_attention_mask``), to
+    ``device``."""
+    if isinstance(mask, dict):
+        return {kind: m.to(device) for kind, m in mask.items()}
+    return mask.to(device)
+
+
 def _additive(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """Bool [B, T, K] -> additive float [B, 1, T, K]: 0 where allowed, the dtype's min elsewhere."""
     mask = torch.zeros(allowed.shape, dtype=dtype)

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from lookahead.attention import StepLayout, TokenTree, attention_mask, layout_step
+from lookahead.attention import StepLayout, TokenTree, attention_mask, layout_step, mask_to
 from lookahead.cache import cache_keyword, cache_length, keep_new, new_cache
 from lookahead.config import SamplingConfig
 from lookahead.memory import TextMemory
@@ -256,7 +256,7 @@ class Decoder:
         if layout.visible is not None:
             config, dtype = self.model.config, self.model.dtype
             mask = attention_mask(config, layout.visible, past, layout.position_ids, dtype)
-            mask = _to(mask, device)
+            mask = mask_to(mask, device)
             keep = layout.logit_rows.to(device)
         out = self.model(
             input_ids=layout.input_ids.to(device),
@@ -295,10 +295,3 @@ class Decoder:
         if self.finished and self.memory is not None:
             self.memory.add(self.context)
         return kept
-
-
-def _to(mask, device):
-    """Move a mask, or a dict of masks per layer type, to ``device``."""
-    if isinstance(mask, dict):
-        return {kind: m.to(device) for kind, m in mask.items()}
-    return mask.to(device)

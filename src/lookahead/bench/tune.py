@@ -59,7 +59,7 @@ import torch
 import transformers
 
 import lookahead
-from lookahead.attention import attention_mask
+from lookahead.attention import attention_mask, mask_to
 from lookahead.cache import cache_keyword, new_cache
 from lookahead.config import LookaheadConfig, check_int, check_step_tokens, check_workload
 from lookahead.datasets import Prompt, encode_prompt, load_prompts, spread
@@ -218,26 +218,31 @@ def forward_cost_curve(model, input_ids: torch.Tensor, tokens, repeats: int = 5)
     """
     cache = new_cache()  # as our decoding has it
     keyword = cache_keyword(model)
+    device = model.device
+    input_ids = input_ids.to(device)
     model(input_ids=input_ids, **{keyword: cache}, use_cache=True, logits_to_keep=1)
     past = cache.get_seq_length()
     prompt = input_ids[0]
     timings: dict[int, list[float]] = {k: [] for k in tokens}
     for repeat in range(repeats + 1):  # the first round warms up
         for k in tokens:
-            ids = prompt[torch.arange(k) % len(prompt)].unsqueeze(0)
+            ids = prompt[torch.arange(k, device=device) % len(prompt)].unsqueeze(0)
             positions = torch.arange(past, past + k).unsqueeze(0)
             mask = None
             if k > 1:
                 visible = torch.tril(torch.ones(k, k, dtype=torch.bool))
                 mask = attention_mask(model.config, visible, past, positions, model.dtype)
+                mask = mask_to(mask, device)
+            synchronize(device)
             start = time.perf_counter()
             model(
                 input_ids=ids,
-                position_ids=positions,
+                position_ids=positions.to(device),
                 attention_mask=mask,
                 **{keyword: cache},
                 use_cache=True,
             )
+            synchronize(device)  # a GPU returns before it has run the pass
             elapsed = time.perf_counter() - start
             cache.crop(-k)  # transformers 5 crops by a negative count only
             if repeat:
@@ -247,6 +252,12 @@ def forward_cost_curve(model, input_ids: torch.Tensor, tokens, repeats: int = 5)
         seconds=monotone([statistics.median(timings[k]) for k in tokens]),
         prompt_tokens=past,
     )
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait for the work queued on ``device`` (a no-op on the CPU, which runs it in the call)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def fastest_curve(curves: list[dict]) -> dict:

@@ -902,3 +902,47 @@ def test_prefill_length_pads_by_at_most_a_quarter_to_few_lengths(tokens):
 def test_prefill_lengths_examples():
     assert prefill_lengths(100) == [8, 16, 24, 32, 40, 48, 56, 64, 80, 96, 112]
     assert len(prefill_lengths(4096)) == 8 + 4 * 6
+
+
+def test_decoding_attention_leaves_out_cudnn_on_cuda_and_restores_the_flags() -> None:
+    """cuDNN attention plans every new cache length (3-4x a pass on an H200): a CUDA decoding
+    pass goes without it, keeps the user's other choices, and puts the flags back."""
+    from lookahead.attention import decoding_attention
+
+    flags = torch.backends.cuda
+    with decoding_attention(torch.device("cpu")):  # off CUDA, nothing changes
+        assert flags.cudnn_sdp_enabled()
+    flags.enable_flash_sdp(False)  # as a user might have chosen
+    try:
+        with decoding_attention(torch.device("cuda")):
+            assert not flags.cudnn_sdp_enabled() and not flags.flash_sdp_enabled()
+            assert flags.mem_efficient_sdp_enabled() and flags.math_sdp_enabled()
+        assert flags.cudnn_sdp_enabled() and not flags.flash_sdp_enabled()
+    finally:
+        flags.enable_flash_sdp(True)
+
+
+@pytest.mark.parametrize("method", ["lookahead", "draft"])
+def test_every_decoding_forward_runs_in_decoding_attention(tiny_lm, monkeypatch, method) -> None:
+    """The prefill, each step and each draft pass enter ``decoding_attention``."""
+    import contextlib
+
+    import lookahead.decode
+    import lookahead.proposers.draft
+
+    entered = []
+
+    @contextlib.contextmanager
+    def recording(device):
+        entered.append(device.type)
+        yield
+
+    monkeypatch.setattr(lookahead.decode, "decoding_attention", recording)
+    monkeypatch.setattr(lookahead.proposers.draft, "decoding_attention", recording)
+    model = tiny_lm("llama")
+    options = dict(draft_model=tiny_lm("llama", seed=1)) if method == "draft" else {}
+    decoder = lookahead.api.make_decoder(model, torch.tensor([[3, 4, 5, 3, 4]]), 12, method,
+                                         **options)
+    list(decoder)
+    draft_passes = decoder.proposer.forwards if method == "draft" else 0
+    assert entered == ["cpu"] * (decoder.stats.steps + draft_passes)

@@ -13,7 +13,14 @@ from dataclasses import dataclass
 
 import torch
 
-from lookahead.attention import StepLayout, TokenTree, attention_mask, layout_step, mask_to
+from lookahead.attention import (
+    StepLayout,
+    TokenTree,
+    attention_mask,
+    decoding_attention,
+    layout_step,
+    mask_to,
+)
 from lookahead.cache import cache_keyword, cache_length, keep_new, new_cache
 from lookahead.config import SamplingConfig
 from lookahead.memory import TextMemory
@@ -155,8 +162,7 @@ class Decoder:
                            dtype=torch.long, device=self.model.device)
         last = len(self.prompt) - 1
         keep = 1 if length == len(self.prompt) else torch.tensor([last], device=ids.device)
-        out = self.model(input_ids=ids, **{self.cache_keyword: self.cache}, use_cache=True,
-                         logits_to_keep=keep)
+        out = self._run_model(input_ids=ids, logits_to_keep=keep)
         keep_new(self.cache, len(self.prompt), [])  # drops the padding's entries, if any
         token = choose(out.logits[0, -1], self.sampling, self.generator)
         self.stats.record_step(forward_tokens=length, proposed=0, accepted=0)
@@ -242,8 +248,7 @@ class Decoder:
         self.cache = new_cache()
         self._rope_cached_at = len(self.context)
         ids = torch.tensor([self.context], dtype=torch.long, device=self.model.device)
-        out = self.model(input_ids=ids, **{self.cache_keyword: self.cache}, use_cache=True,
-                         logits_to_keep=1)
+        out = self._run_model(input_ids=ids, logits_to_keep=1)
         committed = self._commit([choose(out.logits[0, -1], self.sampling, self.generator)])
         self.stats.record_step(len(self.context), 0, 0)
         self.proposer.update(self.context, StepOutcome(committed, 0, None))
@@ -258,15 +263,18 @@ class Decoder:
             mask = attention_mask(config, layout.visible, past, layout.position_ids, dtype)
             mask = mask_to(mask, device)
             keep = layout.logit_rows.to(device)
-        out = self.model(
+        out = self._run_model(
             input_ids=layout.input_ids.to(device),
             position_ids=layout.position_ids.to(device),
             attention_mask=mask,
-            **{self.cache_keyword: self.cache},
-            use_cache=True,
             logits_to_keep=keep,
         )
         return out.logits[0]
+
+    def _run_model(self, **inputs):
+        """One forward pass through the request's cache (``decoding_attention``)."""
+        with decoding_attention(self.model.device):
+            return self.model(**inputs, **{self.cache_keyword: self.cache}, use_cache=True)
 
     def _verify(self, tree: TokenTree, logits: torch.Tensor, proposal: Proposal) -> Verdict:
         if not self.sampling.do_sample:

@@ -24,6 +24,7 @@ import torch
 from transformers.generation.streamers import BaseStreamer
 
 import lookahead
+from lookahead.attention import decoding_attention
 from lookahead.api import METHOD_OPTIONS
 from lookahead.config import DraftConfig, LookaheadConfig, PromptLookupConfig
 from lookahead.datasets import encode_prompt
@@ -178,7 +179,8 @@ def _measure_hf(
     start = time.perf_counter()
     clock = _StepClock(start)
     try:
-        with torch.inference_mode():
+        # The same attention kernels as ours (a no-op off CUDA): the comparison is of methods.
+        with torch.inference_mode(), decoding_attention(model.device):
             output = model.generate(input_ids, streamer=clock, **kwargs)
     finally:
         if restore is not None:

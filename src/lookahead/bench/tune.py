@@ -59,7 +59,7 @@ import torch
 import transformers
 
 import lookahead
-from lookahead.attention import attention_mask, mask_to
+from lookahead.attention import attention_mask, decoding_attention, mask_to
 from lookahead.cache import cache_keyword, new_cache
 from lookahead.config import LookaheadConfig, check_int, check_step_tokens, check_workload
 from lookahead.datasets import Prompt, encode_prompt, load_prompts, spread
@@ -216,10 +216,14 @@ def forward_cost_curve(model, input_ids: torch.Tensor, tokens, repeats: int = 5)
 
     Returns ``dict(tokens=[k...], seconds=[median...], prompt_tokens=L)``.
     """
-    cache = new_cache()  # as our decoding has it
-    keyword = cache_keyword(model)
     device = model.device
-    input_ids = input_ids.to(device)
+    with decoding_attention(device):  # as our decoding has it, and its cache
+        return _cost_curve(model, input_ids.to(device), tokens, repeats, new_cache())
+
+
+def _cost_curve(model, input_ids: torch.Tensor, tokens, repeats: int, cache) -> dict:
+    """``forward_cost_curve`` with ``input_ids`` [1, L] on the model's device, into ``cache``."""
+    keyword, device = cache_keyword(model), model.device
     model(input_ids=input_ids, **{keyword: cache}, use_cache=True, logits_to_keep=1)
     past = cache.get_seq_length()
     prompt = input_ids[0]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from lookahead.attention import decoding_attention
 from lookahead.cache import cache_keyword, cache_length, keep_new, new_cache
 from lookahead.config import DraftConfig, SamplingConfig
 from lookahead.proposers.base import Proposal, StepOutcome
@@ -59,8 +60,9 @@ class DraftProposer:
         """Feed ``ids`` after the cache; logits [rows, V] of the last ``rows`` inputs."""
         self.forwards += 1
         tensor = torch.tensor([ids], dtype=torch.long, device=self.model.device)
-        out = self.model(input_ids=tensor, **{self.cache_keyword: self.cache}, use_cache=True,
-                         logits_to_keep=rows)
+        with decoding_attention(self.model.device):
+            out = self.model(input_ids=tensor, **{self.cache_keyword: self.cache},
+                             use_cache=True, logits_to_keep=rows)
         return out.logits[0]
 
     def _draft_sampled(self, feed: list[int], length: int) -> tuple[list[int], torch.Tensor]:

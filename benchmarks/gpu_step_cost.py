@@ -19,6 +19,7 @@ needs a GPU; this runs anywhere (``--preset tiny`` on a CPU checks the script it
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import platform
 import statistics
@@ -34,7 +35,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 import lookahead
 from lookahead.bench.args import positive_int, shape_arg
-from lookahead.attention import attention_mask, mask_to
+from lookahead.attention import attention_mask, decoding_attention, mask_to
 from lookahead.bench.tune import cost_at, forward_cost_curve, synchronize
 from lookahead.cache import cache_keyword, new_cache
 
@@ -104,7 +105,8 @@ def measure_curves(model, contexts: list[int], tokens: list[int], repeats: int,
 @torch.inference_mode()
 def growing_cache_ms(model, prompt: torch.Tensor, k: int, steps: int) -> list[float]:
     """ms of each of ``steps`` forwards of ``k`` causal tokens that stay cached, so that every
-    pass meets a cache length it has not met before (the curve re-measures one length)."""
+    pass meets a cache length it has not met before (the curve re-measures one length). Run it
+    under an attention context (``decoding_attention``) to choose the kernels."""
     cache, keyword, device = new_cache(), cache_keyword(model), model.device
     prompt = prompt.to(device)
     model(input_ids=prompt, **{keyword: cache}, use_cache=True, logits_to_keep=1)
@@ -126,15 +128,36 @@ def growing_cache_ms(model, prompt: torch.Tensor, k: int, steps: int) -> list[fl
     return times
 
 
-def timed_hf(model, prompt: torch.Tensor, max_new_tokens: int) -> tuple[list[int], float]:
-    """HF ``generate``'s greedy new tokens and its seconds (after a short warm-up)."""
+def timed_hf(model, prompt: torch.Tensor, max_new_tokens: int,
+             attention=decoding_attention) -> tuple[list[int], float]:
+    """HF ``generate``'s greedy new tokens and its seconds (after a short warm-up), its
+    attention chosen by ``attention(device)`` (by default as ours: not cuDNN's)."""
     prompt = prompt.to(model.device)
-    model.generate(prompt, max_new_tokens=4, do_sample=False)
-    synchronize(model.device)
-    start = time.perf_counter()
-    out = model.generate(prompt, max_new_tokens=max_new_tokens, do_sample=False)
-    synchronize(model.device)
+    with attention(model.device):
+        model.generate(prompt, max_new_tokens=4, do_sample=False)
+        synchronize(model.device)
+        start = time.perf_counter()
+        out = model.generate(prompt, max_new_tokens=max_new_tokens, do_sample=False)
+        synchronize(model.device)
     return out[0, prompt.shape[1]:].tolist(), time.perf_counter() - start
+
+
+def hf_rows(model, prompt: torch.Tensor, max_new_tokens: int) -> tuple[list[int], list[dict]]:
+    """HF greedy with our attention kernels (the reference text), then with torch's default
+    choice (cuDNN's among them on a GPU)."""
+    rows, texts = [], []
+    for name, attention in (("hf generate", decoding_attention),
+                            ("hf generate, torch's default attention", default_attention)):
+        text, seconds = timed_hf(model, prompt, max_new_tokens, attention)
+        texts.append(text)
+        rows.append(dict(method=name, steps=len(text), seconds=seconds, new_tokens=len(text),
+                         mean_forward_tokens=1.0, identical=text == texts[0],
+                         step_ms=[1000 * seconds / len(text)]))
+    return texts[0], rows
+
+
+def default_attention(device: torch.device) -> contextlib.AbstractContextManager:
+    return contextlib.nullcontext()
 
 
 def decode_runs(model, draft, prompt: torch.Tensor, shapes, max_new_tokens: int,
@@ -142,10 +165,7 @@ def decode_runs(model, draft, prompt: torch.Tensor, shapes, max_new_tokens: int,
     """HF greedy, then each of ours (``runs``) ``passes`` times in turn on ``prompt`` [1, L]:
     a later pass meets no shape a GPU has not seen. Each row: its steps' times and whether
     its text is HF's."""
-    reference, seconds = timed_hf(model, prompt, max_new_tokens)
-    rows = [dict(method="hf generate", steps=len(reference), seconds=seconds,
-                 new_tokens=len(reference), mean_forward_tokens=1.0, identical=True,
-                 step_ms=[1000 * seconds / len(reference)])]
+    reference, rows = hf_rows(model, prompt, max_new_tokens)
     for number in range(1, passes + 1):
         for name, method, options in runs(shapes, draft):
             new, stats, step_ms = timed_stream(model, prompt, max_new_tokens, method, options)
@@ -284,10 +304,14 @@ def main(argv: list[str] | None = None) -> int:
     curves = measure_curves(model, contexts, tokens, args.repeats, generator)
     prompt = torch.randint(model.config.vocab_size, (1, contexts[0]), generator=generator)
     save(args.out, setting, curves, [])  # the curve survives a failure in the decoding
-    for k in (1, 16):
-        times = growing_cache_ms(model, prompt, k, 64)
-        print(f"{k} tokens on a growing cache: median {statistics.median(times):.2f} ms, first "
-              f"{times[0]:.2f}, max {max(times):.2f}", flush=True)
+    for name, attention in (("our", decoding_attention), ("torch's default", default_attention)):
+        for k in (1, 16):
+            fresh = torch.randint(model.config.vocab_size, prompt.shape, generator=generator)
+            with attention(device):
+                times = growing_cache_ms(model, fresh, k, 64)
+            print(f"{k} tokens on a growing cache, {name} attention: median "
+                  f"{statistics.median(times):.2f} ms, first {times[0]:.2f}, max {max(times):.2f}",
+                  flush=True)
     draft = build_model("draft", dtype, device, args.seed, model.config.vocab_size)
     rows = decode_runs(model, draft, prompt, args.shapes, args.max_new_tokens, args.passes)
     add_overhead(rows, curves[contexts[0]])

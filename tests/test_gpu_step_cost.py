@@ -29,7 +29,8 @@ def test_the_gpu_script_measures_the_curve_and_every_method_on_a_cpu(tmp_path: P
         assert curve["seconds"] == sorted(curve["seconds"]) and curve["seconds"][0] > 0
     names = [(row["method"], row.get("run")) for row in saved["runs"]]
     ours = ["autoregressive", "lookahead W2 N3 G2", "prompt lookup", "draft (K=4)"]
-    assert names == [("hf generate", None)] + [(n, run) for run in (1, 2) for n in ours]
+    hf = [("hf generate", None), ("hf generate, torch's default attention", None)]
+    assert names == hf + [(n, run) for run in (1, 2) for n in ours]
     for row in saved["runs"]:
         assert row["identical"] and row["new_tokens"] == 12
         assert row["ms_per_step"] > 0 and row["forward_ms"] > 0

@@ -20,7 +20,7 @@ def test_the_gpu_script_measures_the_curve_and_every_method_on_a_cpu(tmp_path: P
     out = tmp_path / "out"
     done = _run("--device", "cpu", "--preset", "tiny", "--dtype", "float32",
                 "--contexts", "16,40", "--tokens", "1,4,8", "--repeats", "2",
-                "--max-new-tokens", "12", "--shapes", "2x3x2", "--passes", "2",
+                "--max-new-tokens", "12", "--shapes", "2x3x2", "--passes", "2", "--warm-up", "0.2",
                 "--out", str(out))
     assert done.returncode == 0, done.stderr  # 0: every run's text is HF generate's
     saved = json.loads((out / "results.json").read_text())

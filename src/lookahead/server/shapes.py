@@ -21,6 +21,8 @@ import time
 
 import torch
 
+from lookahead.attention import decoding_attention
+
 logger = logging.getLogger(__name__)
 
 
@@ -48,11 +50,13 @@ def warm_up(model, step_tokens: int, prompt_tokens: int) -> None:
     step keeps them) and of every prefill length up to ``prompt_tokens`` (last logits only)."""
     started = time.perf_counter()
     device = model.device
-    for tokens in range(1, step_tokens + 1):
-        model(input_ids=torch.zeros(1, tokens, dtype=torch.long, device=device), use_cache=False)
     lengths = prefill_lengths(prompt_tokens)
-    for tokens in lengths:
-        model(input_ids=torch.zeros(1, tokens, dtype=torch.long, device=device), use_cache=False,
-              logits_to_keep=1)
+    with decoding_attention(device):  # the kernels the engine's passes will use
+        for tokens in range(1, step_tokens + 1):
+            model(input_ids=torch.zeros(1, tokens, dtype=torch.long, device=device),
+                  use_cache=False)
+        for tokens in lengths:
+            model(input_ids=torch.zeros(1, tokens, dtype=torch.long, device=device),
+                  use_cache=False, logits_to_keep=1)
     logger.info("compiled the kernels of %d step sizes and %d prefill lengths in %.1f s",
                 step_tokens, len(lengths), time.perf_counter() - started)

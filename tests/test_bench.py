@@ -847,3 +847,24 @@ def test_window_auto_brings_the_tuned_step_cap(tiny, tmp_path, monkeypatch) -> N
     expected = model.generate(ids, max_new_tokens=24, do_sample=False,
                               attention_mask=torch.ones_like(ids))
     assert torch.equal(result.sequences, expected[:, : result.sequences.shape[1]])
+
+
+def test_a_cuda_model_gets_the_gpu_default_shape_untuned(tmp_path) -> None:
+    """Untuned, a model on CUDA gets the paper's W15 N5 G15 with its window at every step (a
+    GPU step's tokens come nearly free), a CPU model the CPU default; options given win."""
+    from lookahead.api import resolve_auto_shape
+    from lookahead.bench.tune import GPU_DEFAULT_SHAPE
+
+    assert resolve_shape("m", "bfloat16", cache_dir=tmp_path, device="cuda") == dict(
+        window=15, ngram=5, guess=15, token_cost=0.0)
+    assert resolve_shape("m", "bfloat16", cache_dir=tmp_path) == dict(DEFAULT_SHAPE)
+
+    class OnCuda(torch.nn.Module):  # what resolve_auto_shape reads of a model on a GPU
+        name_or_path = "test-only/never-tuned-model"
+        dtype = torch.bfloat16
+        device = torch.device("cuda")
+
+    assert resolve_auto_shape(OnCuda(), {}) == dict(GPU_DEFAULT_SHAPE)
+    given = resolve_auto_shape(OnCuda(), dict(window="auto", guess=4, token_cost=0.5))
+    assert given == dict(window=15, ngram=5, guess=4, token_cost=0.5)
+    assert LookaheadConfig(**given).window == 15  # a valid config

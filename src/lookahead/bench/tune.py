@@ -80,6 +80,13 @@ _DEFAULTS = LookaheadConfig()
 DEFAULT_SHAPE: Mapping[str, int] = MappingProxyType(
     dict(window=_DEFAULTS.window, ngram=_DEFAULTS.ngram, guess=_DEFAULTS.guess)
 )
+# On a GPU the tokens of a step come nearly free: on an H200, with a 7B Llama in bf16, a pass
+# of 256 new tokens cost at most 1.06x a pass of one, and a whole W15 N5 G15 step 1.07x a
+# plain step (docs/results/gpu-h200-s33). Untuned, a CUDA model gets the paper's shape for 7B
+# models on an A100, its window at every step (token_cost 0), as the paper runs it.
+GPU_DEFAULT_SHAPE: Mapping[str, float] = MappingProxyType(
+    dict(window=15, ngram=5, guess=15, token_cost=0.0)
+)
 DEFAULT_LOOKUP_TOKENS = _DEFAULTS.lookup_tokens
 DEFAULT_TOKEN_COST = _DEFAULTS.token_cost  # the shipped price: what an untuned run cuts at
 # What a profile's best shape holds: (W, N, G), and the length of the copied continuation
@@ -765,11 +772,11 @@ def _read_profile(path: Path) -> dict | None:
 
 
 def resolve_shape(model_name: str, dtype, cache_dir=None, device: str = "cpu",
-                  workload: str | None = None, packed: bool | None = None) -> dict[str, int]:
+                  workload: str | None = None, packed: bool | None = None) -> dict[str, float]:
     """``dict(window=, ngram=, guess=[, lookup_tokens=, token_cost=, max_step_tokens=])``: the
-    tuned best for this model, dtype and device (from the ``workload`` profile if one is named and saved, else the general one),
-    else ``DEFAULT_SHAPE``. Run ``lookahead tune --model NAME --dtype DTYPE [--workload W]`` to
-    create a profile. ``packed``: whether the weights are packed (None: not known); only a
+    tuned best for this model, dtype and device (from the ``workload`` profile if one is named
+    and saved, else the general one), else ``default_shape(device)``. Run ``lookahead tune
+    --model NAME --dtype DTYPE [--workload W]`` to create a profile. ``packed``: whether the weights are packed (None: not known); only a
     profile measured on weights packed alike is taken."""
     profile = None
     if workload is not None:
@@ -781,5 +788,11 @@ def resolve_shape(model_name: str, dtype, cache_dir=None, device: str = "cpu",
         profile = load_profile(model_name, dtype, cache_dir, device, packed=packed)
     if profile is None:
         logger.info("no tuning profile for %s (%s); using the default shape", model_name, dtype)
-        return dict(DEFAULT_SHAPE)
+        return default_shape(device)
     return shape_of(profile["best"])
+
+
+def default_shape(device: str) -> dict[str, float]:
+    """The untuned shape on a device type: ``GPU_DEFAULT_SHAPE`` on CUDA, else
+    ``DEFAULT_SHAPE`` (whose window runs while it pays at the shipped token cost)."""
+    return dict(GPU_DEFAULT_SHAPE if device == "cuda" else DEFAULT_SHAPE)

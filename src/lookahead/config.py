@@ -152,7 +152,11 @@ class DraftConfig:
     The drafted tokens are exactly those of plain greedy drafting; 0 turns this off.
     """
 
-    num_draft_tokens: int = 8
+    # 4, not 8: each drafted token costs a draft pass and a wider target pass, and the last
+    # ones are accepted least. With Qwen2.5-Coder 0.5B drafting for 1.5B on a 2-core CPU, K=4
+    # ran 1.13-1.15x as fast as K=8 on 8 HumanEval prompts, in both orders, and K=3 slower
+    # (benchmarks/draft_tokens.py, docs/results/intel-s33).
+    num_draft_tokens: int = 4
     lookup_tokens: int = 8
     lookup_ngram: int = 3
 

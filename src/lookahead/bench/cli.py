@@ -81,7 +81,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="draft tokens of prompt lookup, ours and HF's (default 10)",
     )
     parser.add_argument(
-        "--draft-tokens", type=positive_int, default=8, help="tokens per step of 'draft' (8)"
+        "--draft-tokens", type=positive_int, default=DraftConfig.num_draft_tokens,
+        help=f"tokens per step of 'draft' ({DraftConfig.num_draft_tokens})"
     )
     parser.add_argument(
         "--memory",

@@ -16,7 +16,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from lookahead.bench.args import apply_threads, positive_int, quiet_loading
+from lookahead.bench.args import apply_threads, positive_int, positive_int_list, quiet_loading
 from lookahead.bench.methods import Measurement, MethodOptions, measure
 from lookahead.config import DraftConfig
 from lookahead.datasets import encode_prompt, load_prompts
@@ -31,7 +31,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--dataset", default="humaneval")
     parser.add_argument("--limit", type=positive_int, default=5)
     parser.add_argument("--max-new-tokens", type=positive_int, default=128)
-    parser.add_argument("--draft-tokens", default="4,5,6,8", help="the K to compare")
+    parser.add_argument("--draft-tokens", type=positive_int_list, default=(4, 5, 6, 8),
+                        help="the K to compare (default: 4,5,6,8)")
     parser.add_argument("--threads", type=positive_int)
     return parser.parse_args(argv)
 
@@ -45,8 +46,8 @@ def main(argv: list[str] | None = None) -> int:
     draft, _ = load_model(args.draft_model, args.dtype, packed_weights=True)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     runs = {"hf": ("hf", MethodOptions())} | {
-        f"draft K={k}": ("draft", MethodOptions(draft=DraftConfig(num_draft_tokens=int(k))))
-        for k in args.draft_tokens.split(",")
+        f"draft K={k}": ("draft", MethodOptions(draft=DraftConfig(num_draft_tokens=k)))
+        for k in args.draft_tokens
     }
     prompts = [encode_prompt(tokenizer, p) for p in load_prompts(args.dataset, args.limit)]
     for method, options in runs.values():  # warm-up, on the first prompt

@@ -34,9 +34,9 @@ from matplotlib.figure import Figure
 from transformers import LlamaConfig, LlamaForCausalLM
 
 import lookahead
-from lookahead.bench.args import positive_int, shape_arg
-from lookahead.attention import attention_mask, decoding_attention, mask_to
-from lookahead.bench.tune import cost_at, forward_cost_curve, synchronize
+from lookahead.attention import decoding_attention
+from lookahead.bench.args import positive_int, positive_int_list, shape_arg
+from lookahead.bench.tune import causal_step, cost_at, forward_cost_curve, synchronize
 from lookahead.cache import cache_keyword, new_cache
 
 # Llama-2-7B's shape (its config.json); "tiny" keeps the script checkable on a CPU. The
@@ -56,9 +56,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--preset", choices=("llama-7b", "tiny"), default="llama-7b")
     parser.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16", "float32"))
-    parser.add_argument("--contexts", default="128,1024", help="cached prompt lengths")
-    parser.add_argument("--tokens", default="1,2,4,8,16,32,48,64,96,128,256,512",
-                        help="forward sizes k")
+    parser.add_argument("--contexts", type=positive_int_list, default=(128, 1024),
+                        help="cached prompt lengths (default: 128,1024)")
+    parser.add_argument("--tokens", type=positive_int_list,
+                        default=(1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 256, 512),
+                        help="forward sizes k (default: 1,2,4,...,512)")
     parser.add_argument("--repeats", type=positive_int, default=5, help="timed rounds per size")
     parser.add_argument("--shapes", type=lambda t: [shape_arg(s) for s in t.split(",")],
                         default=[(5, 5, 5), (7, 5, 7), (15, 5, 15)],
@@ -127,16 +129,10 @@ def growing_cache_ms(model, prompt: torch.Tensor, k: int, steps: int) -> list[fl
     model(input_ids=prompt, **{keyword: cache}, use_cache=True, logits_to_keep=1)
     times = []
     for _ in range(steps):
-        past = cache.get_seq_length()
-        positions = torch.arange(past, past + k).unsqueeze(0)
-        mask = None
-        if k > 1:
-            visible = torch.tril(torch.ones(k, k, dtype=torch.bool))
-            mask = mask_to(attention_mask(model.config, visible, past, positions, model.dtype),
-                           device)
+        positions, mask = causal_step(model, cache.get_seq_length(), k)
         synchronize(device)
         start = time.perf_counter()
-        model(input_ids=prompt[:, :k], position_ids=positions.to(device), attention_mask=mask,
+        model(input_ids=prompt[:, :k], position_ids=positions, attention_mask=mask,
               **{keyword: cache}, use_cache=True)
         synchronize(device)
         times.append(1000 * (time.perf_counter() - start))
@@ -310,8 +306,7 @@ def main(argv: list[str] | None = None) -> int:
         print(save(args.out or args.from_results.parent, saved["setting"], curves, saved["runs"]))
         return 0
     device, dtype = torch.device(args.device), getattr(torch, args.dtype)
-    contexts = [int(n) for n in args.contexts.split(",")]
-    tokens = [int(k) for k in args.tokens.split(",")]
+    contexts, tokens = list(args.contexts), list(args.tokens)
     generator = torch.Generator().manual_seed(args.seed)
     model = build_model(args.preset, dtype, device, args.seed)
     setting = describe(device, args.preset, dtype)

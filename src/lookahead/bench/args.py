@@ -65,6 +65,11 @@ def positive_int(text: str) -> int:
     return value
 
 
+def positive_int_list(text: str) -> tuple[int, ...]:
+    """An argparse ``type``: "1,2,4" -> (1, 2, 4), each a positive integer."""
+    return tuple(positive_int(item) for item in comma_list()(text))
+
+
 def shape_arg(text: str) -> str | tuple[int, int, int]:
     """An argparse ``type`` for ``--shape``: "auto" or "WxNxG" (e.g. "7x5x7")."""
     if text.strip().lower() == "auto":

@@ -238,17 +238,12 @@ def _cost_curve(model, input_ids: torch.Tensor, tokens, repeats: int, cache) -> 
     for repeat in range(repeats + 1):  # the first round warms up
         for k in tokens:
             ids = prompt[torch.arange(k, device=device) % len(prompt)].unsqueeze(0)
-            positions = torch.arange(past, past + k).unsqueeze(0)
-            mask = None
-            if k > 1:
-                visible = torch.tril(torch.ones(k, k, dtype=torch.bool))
-                mask = attention_mask(model.config, visible, past, positions, model.dtype)
-                mask = mask_to(mask, device)
+            positions, mask = causal_step(model, past, k)
             synchronize(device)
             start = time.perf_counter()
             model(
                 input_ids=ids,
-                position_ids=positions.to(device),
+                position_ids=positions,
                 attention_mask=mask,
                 **{keyword: cache},
                 use_cache=True,
@@ -263,6 +258,18 @@ def _cost_curve(model, input_ids: torch.Tensor, tokens, repeats: int, cache) -> 
         seconds=monotone([statistics.median(timings[k]) for k in tokens]),
         prompt_tokens=past,
     )
+
+
+def causal_step(model, past: int, k: int) -> tuple[torch.Tensor, torch.Tensor | dict | None]:
+    """Position ids [1, k] and the 4D mask of ``k`` new tokens that attend causally after
+    ``past`` cached ones, on the model's device (no mask for k = 1, as a plain step has)."""
+    positions = torch.arange(past, past + k).unsqueeze(0)
+    mask = None
+    if k > 1:
+        visible = torch.tril(torch.ones(k, k, dtype=torch.bool))
+        mask = attention_mask(model.config, visible, past, positions, model.dtype)
+        mask = mask_to(mask, model.device)
+    return positions.to(model.device), mask
 
 
 def synchronize(device: torch.device) -> None:
@@ -776,8 +783,9 @@ def resolve_shape(model_name: str, dtype, cache_dir=None, device: str = "cpu",
     """``dict(window=, ngram=, guess=[, lookup_tokens=, token_cost=, max_step_tokens=])``: the
     tuned best for this model, dtype and device (from the ``workload`` profile if one is named
     and saved, else the general one), else ``default_shape(device)``. Run ``lookahead tune
-    --model NAME --dtype DTYPE [--workload W]`` to create a profile. ``packed``: whether the weights are packed (None: not known); only a
-    profile measured on weights packed alike is taken."""
+    --model NAME --dtype DTYPE [--workload W]`` to create a profile. ``packed``: whether the
+    weights are packed (None: not known); only a profile measured on weights packed alike is
+    taken."""
     profile = None
     if workload is not None:
         profile = load_profile(model_name, dtype, cache_dir, device, workload, packed)

@@ -20,6 +20,7 @@ from lookahead.bench.args import (
     apply_threads,
     comma_list,
     positive_int,
+    positive_int_list,
     quiet_loading,
     shape_arg,
 )
@@ -66,7 +67,7 @@ def register(subparsers) -> None:
     parser.add_argument("--max-new-tokens", type=positive_int, default=128, help="(128)")
     parser.add_argument(
         "--tokens",
-        type=_int_list,
+        type=positive_int_list,
         default=DEFAULT_TOKENS,
         help="forward sizes k of the cost curve (default "
         + ",".join(map(str, DEFAULT_TOKENS))
@@ -106,10 +107,6 @@ def register(subparsers) -> None:
     add_datastore_arg(parser, "the shapes also copy")
     parser.add_argument("--no-save", action="store_true", help="print, but save no profile")
     parser.set_defaults(func=run)
-
-
-def _int_list(text: str) -> tuple[int, ...]:
-    return tuple(positive_int(item) for item in comma_list()(text))
 
 
 def _cap_list(text: str) -> tuple[int | None, ...]:

@@ -30,7 +30,7 @@ from pathlib import Path
 from lookahead.attention import TokenTree
 from lookahead.bench.args import quiet_loading
 from lookahead.bench.tune import cost_at, load_profile
-from lookahead.datastore import Datastore
+from lookahead.datastore import Datastore, load_datastore
 from lookahead.config import LookaheadConfig, PromptLookupConfig
 from lookahead.datasets import encode_prompt, load_prompts
 from lookahead.memory import TextMemory
@@ -134,7 +134,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--window-tokens", type=int, default=8,
                         help="tokens of the window to add to the fed count (W2 N5: 8)")
     parser.add_argument("--datastore", help="also replay with a datastore: 'stdlib' (the Python "
-                        "standard library) or a file or folder of text")
+                        "standard library), 'python' (it and the installed packages) or a file "
+                        "or folder of text")
     parser.add_argument("--lookup-tokens", type=int, default=8,
                         help="lookahead's first copy length, L (8)")
     args = parser.parse_args(argv)
@@ -142,11 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     config = results["config"]
     quiet_loading(args)
     _, tokenizer = load_model(config["model"], config["dtype"])
-    datastore = None
-    if args.datastore == "stdlib":
-        datastore = Datastore.python_stdlib(tokenizer)
-    elif args.datastore:
-        datastore = Datastore.from_files(tokenizer, [args.datastore])
+    datastore = load_datastore(args.datastore, tokenizer) if args.datastore else None
     texts = []
     setting = config.get("setting", config["dtype"])
     for dataset in config["datasets"]:

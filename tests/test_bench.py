@@ -550,7 +550,7 @@ def test_tune_with_a_datastore_measures_the_shapes_copying_from_it(tiny, tmp_pat
     assert per_step[True] > per_step[False], per_step
     # A corpus that is not there is refused before the model loads, naming the flag.
     assert main([*argv, "--datastore", str(tmp_path / "nope")]) == 2
-    assert "datastore: expected 'stdlib' or a file or folder" in capsys.readouterr().err
+    assert "datastore: expected 'stdlib', 'python' or a file or folder" in capsys.readouterr().err
     with pytest.raises(FileNotFoundError, match="datastore: expected"):
         TuneConfig(datastore=str(tmp_path / "nope"))
 
@@ -733,7 +733,7 @@ def test_bench_datastore_is_recorded_and_keeps_outputs_exact(tiny, tmp_path, cap
         assert row["identical"] == row["prompts"], row
     missing = _bench_argv(tiny, "--datastore", str(tmp_path / "nope"), "--out", str(out))
     assert main(missing) == 2
-    assert "datastore: expected 'stdlib' or a file or folder" in capsys.readouterr().err
+    assert "datastore: expected 'stdlib', 'python' or a file or folder" in capsys.readouterr().err
 
 
 def test_measure_in_turn_measures_each_run_on_each_prompt(tiny) -> None:

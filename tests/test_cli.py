@@ -256,7 +256,7 @@ def test_serve_memory_needs_a_method_that_copies(tiny_folder, capsys) -> None:
 @pytest.mark.parametrize("command", [["generate", PROMPT], ["chat"], ["serve"]])
 @pytest.mark.parametrize("argv, message", [
     (["--method", "autoregressive", "--datastore", "stdlib"], "lookahead or prompt_lookup"),
-    (["--method", "lookahead", "--datastore", "/no/such/corpus"], "expected 'stdlib' or a file"),
+    (["--method", "lookahead", "--datastore", "/no/such/corpus"], "expected 'stdlib', 'python' or a file"),
 ])
 def test_datastore_is_checked_before_loading(capsys, monkeypatch, command, argv, message) -> None:
     def no_loading(*args, **kwargs):

@@ -115,7 +115,9 @@ def test_find_matches_a_reference_written_with_lists(corpus, context, length, mi
      ({"tokens": [1, 2], "min_match": 3, "max_context": 2}, "max_context"),
      ({"tokens": [1, 2], "min_count": 0}, "min_count"),
      ({"tokens": [1, 2], "min_share": 1.5}, "min_share"),
-     ({"tokens": [1, 2_000_000]}, "too large to index")],
+     ({"tokens": [1, 2_000_000]}, "too large to index"),
+     ({"tokens": [1, 2], "index": (np.zeros(3, np.int32), np.zeros(3, np.int64))}, "index"),
+     ({"tokens": [1, 2], "index": (np.zeros(2, np.int32), np.zeros(2, np.int32))}, "index")],
 )  # fmt: skip
 def test_bad_datastore_settings_name_the_argument(kwargs, match) -> None:
     with pytest.raises((ValueError, TypeError), match=match):
@@ -172,13 +174,51 @@ def test_from_files_reads_folders_skips_binaries_and_caches_the_tokens(tmp_path)
     assert tokenizer.calls == 2
 
 
+def test_a_cached_store_maps_its_tokens_and_index_and_finds_the_same(tmp_path) -> None:
+    corpus = tmp_path / "corpus.txt"
+    rng = np.random.default_rng(0)
+    corpus.write_text(" ".join(f"w{w}" for w in rng.integers(0, 12, size=3000)))
+    tokenizer = _WordTokenizer()
+    tokenizer([corpus.read_text()])  # a vocabulary that stays put
+    tokenizer.calls = 0
+    built = Datastore.from_files(tokenizer, [corpus], cache_dir=tmp_path)
+    cached = sorted(p.name for p in (tmp_path / "datastores").iterdir())
+    assert len(cached) == 3 and all(p.endswith(".npy") for p in cached)  # tokens, order, keys
+    mapped = Datastore.from_files(tokenizer, [corpus], cache_dir=tmp_path)
+    assert tokenizer.calls == 1
+    assert all(isinstance(a, np.memmap) for a in (mapped.tokens, *mapped.index))
+    tokens = built.tokens.tolist()
+    for end in range(3, 600, 7):
+        for length in (1, 4):
+            assert mapped.find(tokens[:end], length) == built.find(tokens[:end], length)
+
+
+def test_the_python_datastore_adds_the_installed_packages_to_the_stdlib(tmp_path,
+                                                                         monkeypatch) -> None:
+    stdlib, site = tmp_path / "lib", tmp_path / "lib" / "site-packages"
+    (site / "pkg").mkdir(parents=True)
+    (stdlib / "os.py").write_text("import sys")
+    (site / "pkg" / "mod.py").write_text("import numpy")
+    (site / "pkg" / "data.json").write_text("not code")  # only *.py files
+    monkeypatch.setattr("lookahead.datastore.sysconfig.get_paths",
+                        lambda: {"stdlib": str(stdlib), "purelib": str(site),
+                                 "platlib": str(site)})
+    tokenizer = _WordTokenizer()
+    python = load_datastore("python", tokenizer, cache_dir=tmp_path)
+    words = {i: w for w, i in tokenizer.get_vocab().items()}
+    assert sorted(words[t] for t in python.tokens.tolist() if t) == [
+        "import", "import", "numpy", "sys"]  # each file once, though site is both libs
+    only_stdlib = load_datastore("stdlib", tokenizer, cache_dir=tmp_path)
+    assert [words[t] for t in only_stdlib.tokens.tolist() if t] == ["import", "sys"]
+
+
 def test_missing_sources_give_errors_that_say_what_was_expected(tmp_path) -> None:
     with pytest.raises(FileNotFoundError, match="paths: .*neither a file nor a folder"):
         Datastore.from_files(_WordTokenizer(), [tmp_path / "nope"], cache_dir=tmp_path)
     (tmp_path / "empty").mkdir()
     with pytest.raises(ValueError, match="paths: no files found"):
         Datastore.from_files(_WordTokenizer(), [tmp_path / "empty"], cache_dir=tmp_path)
-    with pytest.raises(FileNotFoundError, match="datastore: expected 'stdlib' or a file"):
+    with pytest.raises(FileNotFoundError, match="datastore: expected 'stdlib', 'python' or a"):
         load_datastore(str(tmp_path / "nope"), _WordTokenizer(), cache_dir=tmp_path)
 
 

@@ -66,8 +66,8 @@ class MethodOptions:
     memory: our lookahead and prompt lookup copy from their own earlier outputs in the run
         (a ``TextMemory`` per method, filled after the warm-up, so a prompt never sees its
         own answer).
-    datastore: our lookahead and prompt lookup also copy from this corpus ("stdlib" or a
-        file or folder of text, see ``lookahead.datastore.load_datastore``); None: none.
+    datastore: our lookahead and prompt lookup also copy from this corpus ("stdlib", "python" or
+        a file or folder of text, see ``lookahead.datastore.load_datastore``); None: none.
     max_step_tokens: the most tokens a step of ours feeds the model; None: no cap.
     lookahead_step_tokens: the same for lookahead alone where ``max_step_tokens`` is None
         (the cap a tuned profile chose with its shape).

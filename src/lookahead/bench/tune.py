@@ -131,8 +131,8 @@ class TuneConfig:
     profile under this name (one kind of text, e.g. "code"), not as the model's general one.
     ``packed_weights``: tune on packed weights (``lookahead.packing``) as the commands run
     them: True, False, or None where the model allows it. ``datastore``: the shapes also copy
-    from this corpus ("stdlib" or a file or folder of text, see ``load_datastore``), as the
-    commands run with ``--datastore``: the copies it adds are forward tokens too, and can
+    from this corpus ("stdlib", "python" or a file or folder of text, see ``load_datastore``),
+    as the commands run with ``--datastore``: the copies it adds are forward tokens too, and can
     move the best shape. ``cost_scales``: each shape runs at the curve's token cost times
     each of these, so that the token cost is chosen with the shape (the curve's one slope can
     under- or overstate what the tokens a step feeds cost; see ``_runs``). ``step_caps``:

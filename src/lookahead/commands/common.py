@@ -360,13 +360,14 @@ def add_max_step_tokens(parser) -> None:
 
 
 def add_datastore_arg(parser, who: str) -> None:
-    """--datastore stdlib|PATH, the corpus that ``who`` ("lookahead, prompt_lookup: also copy")
+    """--datastore stdlib|python|PATH, the corpus that ``who`` ("lookahead, prompt_lookup: also copy")
     copies from; one wording for every command that takes it."""
     parser.add_argument(
         "--datastore",
-        metavar="stdlib|PATH",
+        metavar="stdlib|python|PATH",
         help=f"{who} from this corpus where the text itself has no match: 'stdlib' (the "
-        "Python standard library) or a file or folder of text (tokenized once, then cached)",
+        "Python standard library), 'python' (it and the installed packages' code) or a file "
+        "or folder of text (tokenized once, then cached)",
     )
 
 

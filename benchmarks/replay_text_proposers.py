@@ -15,9 +15,15 @@ Prints, per proposer: tokens per decoding step, mean tokens fed per step and, wh
 a saved profile, the predicted speed-up (one-token cost x tokens / sum of each step's cost).
 Proposers "+ memory" also copy from the earlier outputs (``lookahead.TextMemory``, as
 ``lookahead bench --memory``), and with ``--datastore`` the rows "+ datastore" also from a
-corpus (``lookahead.Datastore``). The last row is an oracle: each step takes the longest match of
-the true continuation among everything that followed an earlier x0 in the text, a bound for
-any proposer that copies from the text alone.
+corpus (``lookahead.Datastore``). The last rows are oracles. The first: each step takes the
+longest match of the true continuation among everything that followed an earlier x0 in the
+text, a bound for any proposer that copies from the text alone. The second feeds, every step,
+every source's candidate at once (copies after the last 3-, 2- and 1-gram of the text, the
+memory's, the datastore's, the pool's n-grams), each up to ``--lookup-tokens`` long: what the
+sources hold between them, at the cost of the tokens they take.
+
+    python benchmarks/replay_text_proposers.py RESULTS.json --datastore python \
+        --lookup-tokens 8 --workload code     # priced on the saved "code" profile's curve
 """
 
 from __future__ import annotations
@@ -36,8 +42,8 @@ from lookahead.datasets import encode_prompt, load_prompts
 from lookahead.memory import TextMemory
 from lookahead.models import load_model
 from lookahead.proposers.base import StepOutcome
-from lookahead.proposers.lookahead import LookaheadProposer
-from lookahead.proposers.prompt_lookup import PromptLookupProposer
+from lookahead.proposers.lookahead import LookaheadProposer, NGramPool
+from lookahead.proposers.prompt_lookup import PromptLookupProposer, find_continuation
 
 
 def accepted_path(tree: TokenTree, truth: list[int]) -> int:
@@ -98,6 +104,34 @@ def oracle(texts: list[tuple[list[int], list[int]]]) -> tuple[int, list[int]]:
     return tokens, fed
 
 
+def every_source(texts: list[tuple[list[int], list[int]]], length: int,
+                 datastore: Datastore | None) -> tuple[int, list[int]]:
+    """``replay``'s figures for steps that feed every source's candidate, ``length`` tokens
+    each: the text's continuations of its last 3-, 2- and 1-gram, the memory's (earlier
+    outputs), the datastore's and every tail of a 4-gram pool of the text keyed by x0."""
+    tokens, fed = 0, []
+    memory = TextMemory()
+    for prompt, output in texts:
+        pool = NGramPool(4, capacity=1 << 20)
+        pool.add_all(prompt)
+        done = 1
+        while done < len(output):
+            context = prompt + output[:done]
+            before = len(context)
+            candidates = [find_continuation(context, n, n, length) for n in (3, 2, 1)]
+            candidates += [store.find(context, length) for store in (memory, datastore)
+                           if store is not None]
+            candidates += pool.get(context[-1])
+            tree = TokenTree(context[-1], [c for c in candidates if c])
+            accepted = accepted_path(tree, output[done:])
+            done += accepted + 1
+            tokens += accepted + 1
+            fed.append(len(tree))
+            pool.add_all(prompt + output[:done], start=before - 3)  # the new 4-grams
+        memory.add(prompt + output)
+    return tokens, fed
+
+
 def proposers(window_tokens: int, datastore: Datastore | None = None,
               lookup_tokens: int = 8) -> dict[str, tuple[object, int]]:
     """The text-only proposers to replay, by name, with the extra tokens each step feeds."""
@@ -136,6 +170,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--datastore", help="also replay with a datastore: 'stdlib' (the Python "
                         "standard library), 'python' (it and the installed packages) or a file "
                         "or folder of text")
+    parser.add_argument("--workload", help="price the steps on the curve of this workload's "
+                        "profile (e.g. code; default: the model's general profile)")
     parser.add_argument("--lookup-tokens", type=int, default=8,
                         help="lookahead's first copy length, L (8)")
     args = parser.parse_args(argv)
@@ -157,7 +193,9 @@ def main(argv: list[str] | None = None) -> int:
                 texts.append((ids, run["tokens"]))
     if not texts:
         parser.error(f"no runs of method {args.baseline!r} in {args.results}")
-    profile = load_profile(config["model"], config["dtype"])
+    packed = "packed" in config.get("setting", "")
+    profile = load_profile(config["model"], config["dtype"], workload=args.workload,
+                           packed=packed)
     curve = profile["curve"] if profile else None
     print(f"{config['model']}: {len(texts)} outputs of {args.baseline!r}, "
           f"{sum(len(o) for _, o in texts)} tokens; cost curve: "
@@ -172,6 +210,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"| {name} | {tokens / len(fed):.2f} | {sum(fed) / len(fed):.1f} | {speed} |")
     tokens, fed = oracle(texts)
     print(f"| oracle: best earlier continuation of x0 | {tokens / len(fed):.2f} | - | - |")
+    tokens, fed = every_source(texts, args.lookup_tokens, datastore)
+    speed = "-"
+    if curve is not None:
+        speed = f"{tokens * cost_at(curve, 1) / sum(cost_at(curve, k) for k in fed):.2f}x"
+    print(f"| oracle: every source's candidate fed, {args.lookup_tokens} tokens each | "
+          f"{tokens / len(fed):.2f} | {sum(fed) / len(fed):.1f} | {speed} |")
     return 0
 
 

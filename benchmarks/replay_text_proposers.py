@@ -98,8 +98,9 @@ def oracle(texts: list[tuple[list[int], list[int]]]) -> tuple[int, list[int]]:
                         context[start + run] == truth[run]):
                     run += 1
                 best = max(best, run)
-            done += best + 1
-            tokens += best + 1
+            committed = min(best + 1, len(truth))  # no bonus token past the text's end
+            done += committed
+            tokens += committed
             fed.append(best + 1)
     return tokens, fed
 
@@ -124,8 +125,9 @@ def every_source(texts: list[tuple[list[int], list[int]]], length: int,
             candidates += pool.get(context[-1])
             tree = TokenTree(context[-1], [c for c in candidates if c])
             accepted = accepted_path(tree, output[done:])
-            done += accepted + 1
-            tokens += accepted + 1
+            committed = min(accepted + 1, len(output) - done)  # no bonus token past the end
+            done += committed
+            tokens += committed
             fed.append(len(tree))
             pool.add_all(prompt + output[:done], start=before - 3)  # the new 4-grams
         memory.add(prompt + output)

@@ -360,8 +360,8 @@ def add_max_step_tokens(parser) -> None:
 
 
 def add_datastore_arg(parser, who: str) -> None:
-    """--datastore stdlib|python|PATH, the corpus that ``who`` ("lookahead, prompt_lookup: also copy")
-    copies from; one wording for every command that takes it."""
+    """--datastore stdlib|python|PATH, the corpus that ``who`` ("lookahead, prompt_lookup:
+    also copy") copies from; one wording for every command that takes it."""
     parser.add_argument(
         "--datastore",
         metavar="stdlib|python|PATH",

@@ -927,8 +927,7 @@ def test_every_decoding_forward_runs_in_decoding_attention(tiny_lm, monkeypatch,
     """The prefill, each step and each draft pass enter ``decoding_attention``."""
     import contextlib
 
-    import lookahead.decode
-    import lookahead.proposers.draft
+    import lookahead.cache
 
     entered = []
 
@@ -937,8 +936,7 @@ def test_every_decoding_forward_runs_in_decoding_attention(tiny_lm, monkeypatch,
         entered.append(device.type)
         yield
 
-    monkeypatch.setattr(lookahead.decode, "decoding_attention", recording)
-    monkeypatch.setattr(lookahead.proposers.draft, "decoding_attention", recording)
+    monkeypatch.setattr(lookahead.cache, "decoding_attention", recording)
     model = tiny_lm("llama")
     options = dict(draft_model=tiny_lm("llama", seed=1)) if method == "draft" else {}
     decoder = lookahead.api.make_decoder(model, torch.tensor([[3, 4, 5, 3, 4]]), 12, method,

@@ -83,8 +83,8 @@ def generate(model, input_ids, max_new_tokens: int = 256, method: str = "lookahe
     every step), window_probe; without a ``window``, or with
     ``window="auto"``, the shape ``lookahead tune`` saved for this model and machine, else
     W2 N5 G4 (on CUDA W15 N5 G15 at token_cost 0); ``workload="code"`` the one tuned for
-    that kind of text; see ``resolve_auto_shape``), "prompt_lookup" (num_draft_tokens, max_ngram, min_ngram,
-    max_draft_tokens) or "draft" (draft_model, num_draft_tokens, lookup_tokens, lookup_ngram).
+    that kind of text; see ``resolve_auto_shape``), "prompt_lookup" (num_draft_tokens,
+    max_ngram, min_ngram, max_draft_tokens) or "draft" (draft_model, num_draft_tokens, lookup_tokens, lookup_ngram).
     ``memory`` (lookahead and prompt lookup): a ``TextMemory`` of earlier requests' texts to
     copy from; the finished text is added to it. ``datastore`` (the same two): a
     ``Datastore``, a corpus to copy from where neither the text nor the memory matches.

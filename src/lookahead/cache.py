@@ -17,6 +17,8 @@ import torch
 from transformers import Cache
 from transformers.cache_utils import DynamicLayer
 
+from lookahead.attention import decoding_attention
+
 
 class GrowingLayer(DynamicLayer):
     """A ``DynamicLayer`` whose ``keys`` / ``values`` ([B, H, S, D]) are views of the first S
@@ -103,6 +105,14 @@ def cache_keyword(model: torch.nn.Module) -> str:
     if forward is None:  # not a module (a test's stand-in): the name every 5.x release takes
         return "past_key_values"
     return "cache" if "cache" in inspect.signature(forward).parameters else "past_key_values"
+
+
+def decoding_pass(model: torch.nn.Module, keyword: str, cache: Cache, **inputs):
+    """``model(**inputs)`` through ``cache`` (passed as ``keyword``, see ``cache_keyword``),
+    in ``decoding_attention``: every decoding forward -- a request's, a draft model's, the
+    server's batched step -- goes through here, so all of them get the same kernels."""
+    with decoding_attention(model.device):
+        return model(**inputs, **{keyword: cache}, use_cache=True)
 
 
 def cache_length(cache: Cache) -> int:

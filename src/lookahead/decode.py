@@ -17,11 +17,10 @@ from lookahead.attention import (
     StepLayout,
     TokenTree,
     attention_mask,
-    decoding_attention,
     layout_step,
     mask_to,
 )
-from lookahead.cache import cache_keyword, cache_length, keep_new, new_cache
+from lookahead.cache import cache_keyword, cache_length, decoding_pass, keep_new, new_cache
 from lookahead.config import SamplingConfig
 from lookahead.memory import TextMemory
 from lookahead.proposers.base import Proposal, Proposer, StepOutcome
@@ -272,9 +271,8 @@ class Decoder:
         return out.logits[0]
 
     def _run_model(self, **inputs):
-        """One forward pass through the request's cache (``decoding_attention``)."""
-        with decoding_attention(self.model.device):
-            return self.model(**inputs, **{self.cache_keyword: self.cache}, use_cache=True)
+        """One forward pass through the request's cache."""
+        return decoding_pass(self.model, self.cache_keyword, self.cache, **inputs)
 
     def _verify(self, tree: TokenTree, logits: torch.Tensor, proposal: Proposal) -> Verdict:
         if not self.sampling.do_sample:

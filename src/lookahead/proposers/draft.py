@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from lookahead.attention import decoding_attention
-from lookahead.cache import cache_keyword, cache_length, keep_new, new_cache
+from lookahead.cache import cache_keyword, cache_length, decoding_pass, keep_new, new_cache
 from lookahead.config import DraftConfig, SamplingConfig
 from lookahead.proposers.base import Proposal, StepOutcome
 from lookahead.proposers.prompt_lookup import find_continuation
@@ -60,9 +59,8 @@ class DraftProposer:
         """Feed ``ids`` after the cache; logits [rows, V] of the last ``rows`` inputs."""
         self.forwards += 1
         tensor = torch.tensor([ids], dtype=torch.long, device=self.model.device)
-        with decoding_attention(self.model.device):
-            out = self.model(input_ids=tensor, **{self.cache_keyword: self.cache},
-                             use_cache=True, logits_to_keep=rows)
+        out = decoding_pass(self.model, self.cache_keyword, self.cache, input_ids=tensor,
+                            logits_to_keep=rows)
         return out.logits[0]
 
     def _draft_sampled(self, feed: list[int], length: int) -> tuple[list[int], torch.Tensor]:

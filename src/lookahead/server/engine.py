@@ -38,8 +38,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from lookahead.attention import decoding_attention
-from lookahead.cache import cache_keyword
+from lookahead.cache import cache_keyword, decoding_pass
 from lookahead.config import check_int
 from lookahead.decode import Decoder, StepPlan, longrope_switch
 from lookahead.server.batch_cache import BatchedCache
@@ -435,15 +434,15 @@ class Engine:
             return
         batch = self._cache.prepare_step(self.model.config, [p.layout for p in plans],
                                          self.model.dtype)
-        with decoding_attention(self.model.device):
-            out = self.model(
-                input_ids=batch.input_ids,
-                position_ids=batch.position_ids,
-                attention_mask=batch.mask,
-                **{self._cache_keyword: self._cache.cache},
-                use_cache=True,
-                logits_to_keep=batch.logit_rows,
-            )
+        out = decoding_pass(
+            self.model,
+            self._cache_keyword,
+            self._cache.cache,
+            input_ids=batch.input_ids,
+            position_ids=batch.position_ids,
+            attention_mask=batch.mask,
+            logits_to_keep=batch.logit_rows,
+        )
         self._cache.extend(batch.position_ids)
         self.metrics.forward_tokens.observe(batch.input_ids.numel())
         self.metrics.batch_size.observe(len(plans))

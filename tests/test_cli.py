@@ -207,7 +207,7 @@ def test_generate_packs_float32_only_when_asked_and_prints_the_same(tiny_folder,
     packed_models = []
     pack = lookahead.packing.pack_weights
     monkeypatch.setattr(lookahead.packing, "pack_weights",
-                        lambda model: packed_models.append(model) or pack(model))
+                        lambda model, *kernel: packed_models.append(model) or pack(model, *kernel))
     argv = ["generate", "--model", str(tiny_folder), "--dtype", "float32", "--max-new-tokens",
             "24", PROMPT]
     code_default, default, _ = run_cli(argv, capsys)

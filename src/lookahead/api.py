@@ -21,7 +21,7 @@ from lookahead.config import (
 from lookahead.datastore import Datastore
 from lookahead.decode import Decoder
 from lookahead.memory import TextMemory
-from lookahead.packing import is_packed
+from lookahead.packing import packing_of
 from lookahead.proposers.base import NoProposer, Proposer
 from lookahead.proposers.draft import DraftProposer
 from lookahead.proposers.lookahead import LookaheadProposer
@@ -171,7 +171,7 @@ def resolve_auto_shape(model, options: dict) -> dict:
     from lookahead.bench.tune import resolve_shape
 
     shape = resolve_shape(model.name_or_path, model.dtype, device=model.device.type,
-                          workload=workload, packed=is_packed(model))
+                          workload=workload, packed=packing_of(model))
     logger.info("window='auto': the shape %s for %s", shape, model.name_or_path)
     return {**shape, **{k: v for k, v in options.items() if k != "window"}}
 

@@ -34,6 +34,11 @@ many small models) gets a packed copy: Qwen2.5-Coder-1.5B needs 0.47 GB more in 
 The weights left unpacked are copied off the model file's memory map, so that the map (the
 whole file) can be released: packed, Qwen2.5-Coder-1.5B's process holds 4.1 GB, not 6.7 GB.
 
+On an AVX-512 CPU without AMX, oneDNN's bfloat16 product is bound by arithmetic for passes of
+a few tokens; ``packed_weights="stream"`` swaps the bfloat16 linears for
+:class:`lookahead.stream_linear.StreamLinear` instead, which sums in float32 (the last bits
+change, as packed float32's do) at about the cost of one token for up to 8.
+
 Example::
 
     model, tokenizer = lookahead.load_model("qwen2.5-coder-1.5b", packed_weights=True)
@@ -46,11 +51,18 @@ import logging
 
 import torch
 
+from lookahead.stream_linear import (StreamLinear, fits_stream_kernel, load_stream_kernel,
+                                     stream_kernel_problem)
+
 logger = logging.getLogger(__name__)
 
 # The batch size oneDNN is told to expect when it chooses the packed layout. On the CPUs
 # measured the layout was the same for 1, 8 and 32, and so was the speed at every size.
 _BATCH_HINT = 1
+
+# ``packed_weights="stream"``: bfloat16 linears on the stream kernel (lookahead.stream_linear).
+STREAM = "stream"
+KERNELS = ("onednn", STREAM)
 
 # The weight dtypes that can be packed, and those packed by default: in bfloat16 the plain
 # product is oneDNN's own, so packing keeps every sum; in float32 the products sum in another
@@ -140,7 +152,16 @@ class WeightFirstLinear(torch.nn.Module):
 
 def is_packed(model: torch.nn.Module) -> bool:
     """Whether any linear layer of ``model`` was swapped by :func:`pack_weights`."""
-    return any(isinstance(m, (PackedLinear, WeightFirstLinear)) for m in model.modules())
+    return any(isinstance(m, (PackedLinear, WeightFirstLinear, StreamLinear))
+               for m in model.modules())
+
+
+def packing_of(model: torch.nn.Module) -> bool | str:
+    """How ``model``'s weights are packed: ``"stream"`` (the stream kernel), True (oneDNN's
+    layout or weight first) or False; the value ``packed_weights`` takes."""
+    if any(isinstance(m, StreamLinear) for m in model.modules()):
+        return STREAM
+    return is_packed(model)
 
 
 def linear_dtype(model: torch.nn.Module) -> torch.dtype | None:
@@ -149,8 +170,8 @@ def linear_dtype(model: torch.nn.Module) -> torch.dtype | None:
     return dtypes.pop() if len(dtypes) == 1 else None
 
 
-def packing_problem(model: torch.nn.Module) -> str | None:
-    """Why ``model`` cannot have its weights packed, or None when it can."""
+def packing_problem(model: torch.nn.Module, packed: bool | str | None = True) -> str | None:
+    """Why ``model`` cannot have its weights packed as ``packed`` says, or None when it can."""
     linears = [m for m in model.modules() if type(m) is torch.nn.Linear]
     devices = {m.weight.device.type for m in linears}
     if devices - {"cpu"}:
@@ -162,15 +183,24 @@ def packing_problem(model: torch.nn.Module) -> str | None:
         names = sorted({str(m.weight.dtype).removeprefix("torch.") for m in linears})
         return (f"packed weights are bfloat16 or float32; the model's linear weights are "
                 f"{', '.join(names)} (load it with dtype='bfloat16' or 'float32')")
+    if packed == STREAM:
+        if dtype != torch.bfloat16:
+            return "the stream kernel is for bfloat16 weights (load the model in bfloat16)"
+        return stream_kernel_problem() or cpu_packing_problem(dtype)
     return cpu_packing_problem(dtype)
 
 
 def check_packable_dtype(packed_weights: bool | None, dtype: torch.dtype) -> None:
     """Raise ValueError naming ``packed_weights`` when it is True for a ``dtype`` that cannot be
     packed; the CPU is asked only when the model is packed."""
+    name = str(dtype).removeprefix("torch.")
+    if packed_weights not in (None, False, True, STREAM):
+        raise ValueError(f"packed_weights must be True, False, None or {STREAM!r}, "
+                         f"got {packed_weights!r}")
     if packed_weights and dtype not in PACKABLE:
-        name = str(dtype).removeprefix("torch.")
         raise ValueError(f"packed_weights applies to dtype bfloat16 or float32, got {name}")
+    if packed_weights == STREAM and dtype != torch.bfloat16:
+        raise ValueError(f"packed_weights={STREAM!r} applies to dtype bfloat16, got {name}")
 
 
 def cpu_packing_problem(dtype: torch.dtype = torch.bfloat16) -> str | None:
@@ -193,30 +223,47 @@ def cpu_packing_problem(dtype: torch.dtype = torch.bfloat16) -> str | None:
     return None
 
 
-def pack_weights(model: torch.nn.Module) -> int:
+def pack_weights(model: torch.nn.Module, kernel: str = "onednn") -> int:
     """Swap each ``torch.nn.Linear`` of ``model`` (on the CPU) for a :class:`PackedLinear` in
     bfloat16 or a :class:`WeightFirstLinear` in float32, in place; return how many were
     swapped (0 when already packed). In float32 the sums change in the last bits (see the
-    module's docstring).
+    module's docstring). ``kernel="stream"``: bfloat16 layers go to the stream kernel
+    (:class:`lookahead.stream_linear.StreamLinear`; those of a shape it does not take, to
+    oneDNN), whose sums change in the last bits too.
 
     Raises:
-        ValueError: naming ``model``, when it is not on the CPU, not in bfloat16 or float32,
-            or this PyTorch or CPU cannot run oneDNN's packed bfloat16 products.
+        ValueError: naming ``kernel`` when it is not one of ``KERNELS``; naming ``model`` when
+            it is not on the CPU, not in bfloat16 or float32, or this PyTorch or CPU cannot run
+            the products asked for.
     """
-    problem = packing_problem(model)
+    if kernel not in KERNELS:
+        raise ValueError(f"kernel must be one of {', '.join(KERNELS)}, got {kernel!r}")
+    problem = packing_problem(model, STREAM if kernel == STREAM else True)
     if problem is not None:
         raise ValueError(f"model: cannot pack its weights: {problem}")
-    layer = WeightFirstLinear if linear_dtype(model) == torch.float32 else PackedLinear
+    dtype = linear_dtype(model)
+    make = _layer_maker(dtype, kernel)
     swapped = 0
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
             if type(child) is torch.nn.Linear:
-                setattr(parent, name, layer(child))
+                setattr(parent, name, make(child))
                 swapped += 1
-    if swapped and layer is PackedLinear:  # WeightFirstLinear keeps the weights it was given
+    if swapped and dtype != torch.float32:  # WeightFirstLinear keeps the weights it was given
         _own_remaining_weights(model)
-    logger.info("swapped %d linear layers for %s", swapped, layer.__name__)
+    logger.info("swapped %d linear layers (%s)", swapped, kernel)
     return swapped
+
+
+def _layer_maker(dtype: torch.dtype | None, kernel: str):
+    """The function that makes a packed layer from a ``torch.nn.Linear`` of ``dtype``."""
+    if dtype == torch.float32:
+        return WeightFirstLinear
+    if kernel != STREAM:
+        return PackedLinear
+    compiled = load_stream_kernel()
+    return lambda linear: (StreamLinear(linear, compiled) if fits_stream_kernel(linear)
+                           else PackedLinear(linear))
 
 
 @torch.no_grad()
@@ -231,35 +278,37 @@ def _own_remaining_weights(model: torch.nn.Module) -> None:
     for parameter in model.parameters():
         parameter.data = parameter.data.clone()
     for module in model.modules():
-        if isinstance(module, PackedLinear):
+        if isinstance(module, (PackedLinear, StreamLinear)):
             continue  # its packed weight is already its own
         for name, buffer in module._buffers.items():
             if buffer is not None:
                 module._buffers[name] = buffer.clone()
 
 
-def will_pack(dtype: torch.dtype | None, packed: bool | None) -> bool:
-    """Whether the commands pack weights of ``dtype`` given ``packed`` (``--[no-]packed-weights``;
-    None: by default, where that keeps every sum: bfloat16, on a CPU that can pack it)."""
+def will_pack(dtype: torch.dtype | None, packed: bool | str | None) -> bool | str:
+    """Whether the commands pack weights of ``dtype`` given ``packed`` (``--[no-]packed-weights``,
+    ``"stream"`` for ``--stream-kernel``; None: by default, where that keeps every sum:
+    bfloat16, on a CPU that can pack it). The result is a ``packed_weights`` value."""
     if packed is not None:
         return packed
     return dtype in PACKED_BY_DEFAULT and cpu_packing_problem(dtype) is None
 
 
-def apply_packing(model: torch.nn.Module, packed: bool | None) -> bool:
-    """Pack ``model``'s weights when ``packed`` is True, never when False, and when None (the
-    command line's default) where that keeps every sum: bfloat16, on a CPU that can pack it.
-    Return whether they are packed.
+def apply_packing(model: torch.nn.Module, packed: bool | str | None) -> bool | str:
+    """Pack ``model``'s weights when ``packed`` is True (on the stream kernel when it is
+    ``"stream"``), never when False, and when None (the command line's default) where that
+    keeps every sum: bfloat16, on a CPU that can pack it. Return how they are packed
+    (:func:`packing_of`).
 
     Raises:
-        ValueError: naming ``packed_weights``, when True and the model cannot be packed.
+        ValueError: naming ``packed_weights``, when asked for and the model cannot be packed.
     """
     if packed is False or is_packed(model):
-        return is_packed(model)
-    problem = packing_problem(model)
+        return packing_of(model)
+    problem = packing_problem(model, packed)
     if problem is None and will_pack(linear_dtype(model), packed):
-        pack_weights(model)
-        return True
+        pack_weights(model, STREAM if packed == STREAM else "onednn")
+        return packing_of(model)
     if packed:
         raise ValueError(f"packed_weights: {problem}")
     logger.info("weights not packed: %s", problem or "float32 is packed only when asked for")

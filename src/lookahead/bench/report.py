@@ -9,7 +9,8 @@ The results dict (also written as ``results.json``)::
     }
 
 A summary row describes one (method, dtype) on one data set. Its "dtype" names the weights
-a method ran on: a dtype, with "+packed" for packed linear layers (``lookahead.packing``).
+a method ran on: a dtype, with "+packed" for packed linear layers (``lookahead.packing``),
+"+stream" for the stream kernel (``lookahead.stream_linear``).
 
 * ``tokens_per_second``: all new tokens / all seconds (prefill included, as a user waits it);
 * ``speedup``: over HF ``generate`` greedy on the same weights (the baseline);
@@ -34,6 +35,14 @@ from lookahead.bench.methods import BASELINE
 ALL = "all"
 # Appended to a dtype to label packed weights, e.g. "bfloat16+packed".
 PACKED = "+packed"
+STREAM = "+stream"  # the stream kernel (lookahead.stream_linear)
+
+
+def weights_of(setting: str) -> tuple[str, bool | str]:
+    """A setting's label split into (dtype, ``packed_weights``): "bfloat16+stream" ->
+    ("bfloat16", "stream"), "bfloat16+packed" -> ("bfloat16", True)."""
+    dtype, _, packing = setting.partition("+")
+    return dtype, (packing if packing == STREAM[1:] else bool(packing))
 
 
 def summarise(config: dict, records: list[dict]) -> dict:
@@ -63,7 +72,7 @@ def _summarise_group(records: list[dict]) -> list[dict]:
     reference = {
         row["dtype"]: row["tokens_per_second"] for row in rows if row["method"] == BASELINE
     }
-    plain = {dtype: tps for dtype, tps in reference.items() if not dtype.endswith(PACKED)}
+    plain = {dtype: tps for dtype, tps in reference.items() if not weights_of(dtype)[1]}
     best = max(plain.values(), default=0.0)
     best_dtype = max(plain, key=plain.get) if plain else None
     for row in rows:
@@ -95,7 +104,7 @@ def _row(method: str, dtype: str, runs: list[dict], baseline: dict) -> dict:
         mean_forward_tokens=1.0 if method == BASELINE else None,
     )
     # The baseline on packed weights is checked against the baseline on plain ones.
-    against = dtype.removesuffix(PACKED) if method == BASELINE else dtype
+    against = weights_of(dtype)[0] if method == BASELINE else dtype
     if against != dtype or method != BASELINE:
         row["identical"] = sum(
             r["tokens"] == baseline.get((r["dataset"], r["prompt"], against)) for r in runs

@@ -36,7 +36,7 @@ from lookahead.bench.methods import (
     MethodOptions,
     measure,
 )
-from lookahead.bench.report import PACKED, summarise
+from lookahead.bench.report import PACKED, STREAM, summarise, weights_of
 from lookahead.config import check_int
 from lookahead.datasets import BUNDLED_DATASETS, encode_prompt, load_prompts
 from lookahead.datastore import Datastore, load_datastore
@@ -84,7 +84,7 @@ class BenchConfig:
     options: MethodOptions = field(default_factory=MethodOptions)
     warmup: bool = True
     cache_dir: str | None = None
-    packed_weights: bool | None = None
+    packed_weights: bool | str | None = None
 
     def __post_init__(self) -> None:
         check_int("max_new_tokens", self.max_new_tokens, 1, 1 << 20)
@@ -108,13 +108,16 @@ class BenchConfig:
         packing.check_packable_dtype(self.packed_weights, resolve_dtype(self.dtype))
 
     @property
-    def packs(self) -> bool:
-        """Whether the methods run on packed weights."""
+    def packs(self) -> bool | str:
+        """Whether the methods run on packed weights ("stream": on the stream kernel)."""
         return packing.will_pack(resolve_dtype(self.dtype), self.packed_weights)
 
     @property
     def setting(self) -> str:
-        """The label of the weights the methods run on: ``dtype``, plus "+packed"."""
+        """The label of the weights the methods run on: ``dtype``, plus "+packed" or
+        "+stream"."""
+        if self.packs == packing.STREAM:
+            return self.dtype + STREAM
         return self.dtype + PACKED if self.packs else self.dtype
 
     @property
@@ -218,9 +221,9 @@ def _load(config: BenchConfig) -> _Loaded:
     models, tokenizer = {}, None
     for setting in (config.setting, *config.extra_baseline_dtypes):
         started = time.perf_counter()
+        dtype, packed = weights_of(setting)
         models[setting], tokenizer = load_model(
-            config.model, setting.removesuffix(PACKED), cache_dir=config.cache_dir,
-            packed_weights=setting.endswith(PACKED),
+            config.model, dtype, cache_dir=config.cache_dir, packed_weights=packed,
         )
         logger.info("loaded %s (%s) in %.1f s", config.model, setting,
                     time.perf_counter() - started)

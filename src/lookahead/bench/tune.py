@@ -153,7 +153,7 @@ class TuneConfig:
     margin: float = 0.03
     cache_dir: str | None = None
     workload: str | None = None
-    packed_weights: bool | None = None
+    packed_weights: bool | str | None = None
     datastore: str | None = None
     cost_scales: tuple[float, ...] = (1.0,)
     step_caps: tuple[int | None, ...] = (None,)
@@ -527,7 +527,7 @@ def _runs(shapes, costs: list[float], caps=(None,)
     return runs
 
 
-def _setting(config: TuneConfig, model, packed: bool, samples: Mapping[str, list[Prompt]]
+def _setting(config: TuneConfig, model, packed: bool | str, samples: Mapping[str, list[Prompt]]
              ) -> dict:
     """What a profile was measured on: model, dtype, device, CPU, versions, sample prompts."""
     return dict(
@@ -701,26 +701,32 @@ def _report(progress: Progress | None, done: int, total: int, description: str) 
 # ----------------------------------------------------------------------------- profiles
 
 
-def _measured_alike(profile: dict | None, packed: bool | None) -> dict | None:
+def _measured_alike(profile: dict | None, packed: bool | str | None) -> dict | None:
     """``profile``, or None where its curve was measured on weights packed otherwise than
     ``packed`` (None: not known, any will do). Packed float32 makes a pass of 8 tokens cost
-    1.75-1.9x one on an AVX2 CPU, plain float32 about 2x at 2 tokens and no more up to 16:
-    each has its own best shape."""
+    1.75-1.9x one on an AVX2 CPU, plain float32 about 2x at 2 tokens and no more up to 16,
+    the stream kernel about 1.25x: each has its own best shape."""
     recorded = None if profile is None else profile.get("packed_weights")
     if packed is None or recorded is None or recorded == packed:
         return profile
     logger.info("passing over the tuning profile of %s: measured on %s weights, these are %s",
-                profile.get("model"), *("packed" if p else "plain" for p in (recorded, packed)))
+                profile.get("model"), *(_packing_label(p) for p in (recorded, packed)))
     return None
 
 
+def _packing_label(packed: bool | str) -> str:
+    """"plain", "packed" or "stream": how a profile's file and messages name its weights."""
+    return packed if isinstance(packed, str) else "packed" if packed else "plain"
+
+
 def profile_path(model_name: str, dtype, device: str = "cpu", cache_dir=None,
-                 workload: str | None = None, packed: bool = False) -> Path:
-    """``<cache_dir>/profiles/<model>-<dtype>[-packed]-<device>[-<workload>].json``; the model
-    name made file-safe. Packed and plain weights have a profile each: their curves differ."""
+                 workload: str | None = None, packed: bool | str = False) -> Path:
+    """``<cache_dir>/profiles/<model>-<dtype>[-packed|-stream]-<device>[-<workload>].json``;
+    the model name made file-safe. Plain, packed and stream-kernel weights have a profile
+    each: their curves differ."""
     root = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
     safe = re.sub(r"[^A-Za-z0-9._-]+", "_", str(model_name)).strip("_.") or "model"
-    packing = "-packed" if packed else ""
+    packing = f"-{_packing_label(packed)}" if packed else ""
     suffix = f"-{check_workload(workload)}" if workload is not None else ""
     return root / "profiles" / f"{safe}-{dtype_name(dtype)}{packing}-{device}{suffix}.json"
 
@@ -729,7 +735,7 @@ def saved_profile_path(profile: dict, cache_dir=None) -> Path:
     """Where :func:`save_profile` writes ``profile``: named by its model, dtype, packing,
     device and workload."""
     return profile_path(profile["model"], profile["dtype"], profile["device"], cache_dir,
-                        profile.get("workload"), bool(profile.get("packed_weights")))
+                        profile.get("workload"), profile.get("packed_weights") or False)
 
 
 def save_profile(profile: dict, cache_dir=None) -> Path:
@@ -747,7 +753,7 @@ def save_profile(profile: dict, cache_dir=None) -> Path:
 
 
 def load_profile(model_name: str, dtype, cache_dir=None, device: str = "cpu",
-                 workload: str | None = None, packed: bool | None = None) -> dict | None:
+                 workload: str | None = None, packed: bool | str | None = None) -> dict | None:
     """The saved profile of ``model_name`` in ``dtype`` on ``device`` (for ``workload``, if
     named: that one only) measured on weights packed as ``packed`` says, or None.
 
@@ -755,7 +761,8 @@ def load_profile(model_name: str, dtype, cache_dir=None, device: str = "cpu",
     saved before packed weights had a file of their own is read for the packing it records. A
     profile that cannot be read, or whose best shape is invalid, is ignored with a warning.
     """
-    candidates = (False, True) if packed is None else (True, False) if packed else (False,)
+    candidates = ((False, True) if packed is None else (packed,) if isinstance(packed, str)
+                  else (True, False) if packed else (False,))
     for candidate in candidates:
         path = profile_path(model_name, dtype, device, cache_dir, workload, candidate)
         profile = _measured_alike(_read_profile(path), packed)
@@ -779,7 +786,8 @@ def _read_profile(path: Path) -> dict | None:
 
 
 def resolve_shape(model_name: str, dtype, cache_dir=None, device: str = "cpu",
-                  workload: str | None = None, packed: bool | None = None) -> dict[str, float]:
+                  workload: str | None = None, packed: bool | str | None = None
+                  ) -> dict[str, float]:
     """``dict(window=, ngram=, guess=[, lookup_tokens=, token_cost=, max_step_tokens=])``: the
     tuned best for this model, dtype and device (from the ``workload`` profile if one is named
     and saved, else the general one), else ``default_shape(device)``. Run ``lookahead tune

@@ -183,6 +183,15 @@ def add_model_args(parser: argparse.ArgumentParser, *, default: str | None = DEF
         "the last bits (default: on for bfloat16 where the CPU can pack it, "
         "off for float32)",
     )
+    group.add_argument(
+        "--stream-kernel",
+        dest="packed_weights",
+        action="store_const",
+        const=packing.STREAM,
+        help="pack bfloat16 linears for the stream kernel (compiled on first use), summed in "
+        "float32: sums that differ in the last bits, and passes of up to 8 tokens for about "
+        "the cost of one on an AVX-512 CPU without AMX",
+    )
 
 
 def add_max_new_tokens(parser: argparse.ArgumentParser, *, default: int, help: str = "") -> None:
@@ -443,7 +452,7 @@ def load(args: argparse.Namespace) -> Loaded:
     return Loaded(model, tokenizer, options)
 
 
-def load_named(option: str, name: str, dtype: str, packed: bool | None = False
+def load_named(option: str, name: str, dtype: str, packed: bool | str | None = False
                ) -> tuple[Any, Any]:
     """``lookahead.load_model(name, dtype)``; an unknown name or path is a ``UsageError``.
 
@@ -460,12 +469,14 @@ def load_named(option: str, name: str, dtype: str, packed: bool | None = False
     return model, tokenizer
 
 
-def apply_packing(model: Any, packed: bool | None) -> bool:
+def apply_packing(model: Any, packed: bool | str | None) -> bool | str:
     """``lookahead.packing.apply_packing``; a model that cannot be packed when
-    ``--packed-weights`` asks for it is a ``UsageError`` naming that flag."""
-    problem = packing.packing_problem(model) if packed else None
+    ``--packed-weights`` (or ``--stream-kernel``) asks for it is a ``UsageError`` naming the
+    flag."""
+    problem = packing.packing_problem(model, packed) if packed else None
     if problem is not None:
-        raise UsageError("--packed-weights", problem)
+        flag = "--stream-kernel" if packed == packing.STREAM else "--packed-weights"
+        raise UsageError(flag, problem)
     return packing.apply_packing(model, packed)
 
 

@@ -36,7 +36,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from lookahead.api import make_decoder
 from lookahead.config import METHODS
 from lookahead.models import chat_prompt
-from lookahead.packing import is_packed
+from lookahead.packing import packing_of
 from lookahead.server.engine import (
     Engine,
     EngineClosedError,
@@ -104,7 +104,7 @@ def create_app(engine: Engine, settings: ServerSettings) -> FastAPI:
         body = {"status": "ok" if engine.alive else "engine stopped",
                 "running": engine.running_count, "waiting": engine.waiting_count,
                 "active": engine.active_count,
-                "packed_weights": is_packed(engine.model),
+                "packed_weights": packing_of(engine.model),
                 "step_budget": engine.budget.table()}
         memory = settings.method_options.get("memory")
         if memory is not None:  # `serve --memory`: how much earlier text it holds

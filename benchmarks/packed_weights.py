@@ -7,11 +7,13 @@ a slow spell of a shared machine hits both alike, the median cost of a forward p
 tokens after a prompt (``lookahead.bench.tune.forward_cost_curve``). Then it prints the largest
 difference between their logits over every k (0 in bfloat16: bit for bit); for scale, how far
 each model's own logits move when the largest k tokens go in one pass rather than one by one;
-and whether HF ``generate`` writes the same tokens on both, and times it.
+and whether HF ``generate`` writes the same tokens on both, and times it. With
+``--stream-kernel`` a third copy runs on the stream kernel (``lookahead.stream_linear``).
 
     python benchmarks/packed_weights.py --model qwen2.5-coder-1.5b --threads 2 \
         --plot docs/results/packed-weights-qwen2.5-coder-1.5b.png
     python benchmarks/packed_weights.py --dtype float32 --threads 2   # an AVX2-only CPU
+    python benchmarks/packed_weights.py --model qwen2.5-coder-1.5b --threads 2 --stream-kernel
 """
 
 from __future__ import annotations
@@ -42,7 +44,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--rounds", type=positive_int, default=3, help="alternating rounds")
     parser.add_argument("--max-new-tokens", type=positive_int, default=64,
                         help="tokens HF generate writes on each (default: 64)")
-    parser.add_argument("--plot", type=Path, help="save both curves as this PNG")
+    parser.add_argument("--plot", type=Path, help="save the curves as this PNG")
+    parser.add_argument("--stream-kernel", action="store_true",
+                        help="also load a copy on the stream kernel (bfloat16; "
+                        "lookahead.stream_linear) and compare it too")
     return parser.parse_args(argv)
 
 
@@ -128,10 +133,11 @@ def load_settings(args, settings: dict[str, dict]) -> tuple[dict, object, torch.
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     tokens = [int(k) for k in args.tokens.split(",")]
-    models, tokenizer, prompt = load_settings(args, {
-        "plain": dict(dtype=args.dtype, packed_weights=False),
-        "packed": dict(dtype=args.dtype, packed_weights=True),
-    })
+    settings = {"plain": dict(dtype=args.dtype, packed_weights=False),
+                "packed": dict(dtype=args.dtype, packed_weights=True)}
+    if args.stream_kernel:
+        settings["stream"] = dict(dtype=args.dtype, packed_weights="stream")
+    models, tokenizer, prompt = load_settings(args, settings)
     for model in models.values():
         model.generation_config.pad_token_id = tokenizer.eos_token_id
     costs = curves(models, prompt, tokens, args)
@@ -141,21 +147,30 @@ def main(argv: list[str] | None = None) -> int:
           f"{args.repeats})\n")
     if args.plot:
         plot(costs, tokens, setting, args.plot)
-    print("| k | plain ms | packed ms | plain / packed |\n|--:|--:|--:|--:|")
+    others = [name for name in models if name != "plain"]
+    print("| k | " + " | ".join(f"{name} ms" for name in models) + " | "
+          + " | ".join(f"plain / {name}" for name in others) + " |")
+    print("|--:" * (1 + len(models) + len(others)) + "|")
     for i, k in enumerate(tokens):
-        plain, packed = costs["plain"][i], costs["packed"][i]
-        print(f"| {k} | {1000 * plain:.1f} | {1000 * packed:.1f} | {plain / packed:.2f}x |")
-    difference = logit_difference(models, prompt, tokens)
-    print(f"\nlargest logit difference over every k: {difference:.3g}")
+        cells = [f"{1000 * costs[name][i]:.1f}" for name in models]
+        ratios = [f"{costs['plain'][i] / costs[name][i]:.2f}x" for name in others]
+        print(f"| {k} | " + " | ".join(cells + ratios) + " |")
+    plain = {"plain": models["plain"]}
+    for name in others:
+        difference = logit_difference({**plain, name: models[name]}, prompt, tokens)
+        print(f"\nlargest logit difference, plain against {name}, over every k: "
+              f"{difference:.3g}")
     k = max(tokens)
-    print(f"the same weights, {k} tokens in one pass against one by one: plain "
-          + ", packed ".join(f"{pass_size_difference(m, prompt, k):.3g}"
-                             for m in models.values()))
-    (plain_tokens, plain_speed), (packed_tokens, packed_speed) = (
-        timed_generate(model, prompt, args.max_new_tokens) for model in models.values())
-    print(f"HF generate, {args.max_new_tokens} tokens: plain {plain_speed:.1f} tok/s, packed "
-          f"{packed_speed:.1f} tok/s ({packed_speed / plain_speed:.2f}x); same tokens: "
-          f"{plain_tokens == packed_tokens}")
+    print(f"the same weights, {k} tokens in one pass against one by one: "
+          + ", ".join(f"{name} {pass_size_difference(m, prompt, k):.3g}"
+                      for name, m in models.items()))
+    generated = {name: timed_generate(model, prompt, args.max_new_tokens)
+                 for name, model in models.items()}
+    plain_tokens, plain_speed = generated["plain"]
+    print(f"HF generate, {args.max_new_tokens} tokens: plain {plain_speed:.1f} tok/s"
+          + "".join(f"; {name} {speed:.1f} tok/s ({speed / plain_speed:.2f}x), same tokens: "
+                    f"{new == plain_tokens}" for name, (new, speed) in generated.items()
+                    if name != "plain"))
     return 0
 
 

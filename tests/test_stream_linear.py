@@ -75,6 +75,13 @@ def test_a_rows_result_does_not_depend_on_the_rows_beside_it(rows) -> None:
     one_by_one = torch.cat([stream(x[:, i:i + 1]) for i in range(rows)], dim=1)
     assert together.shape == (2, rows, 96)
     assert torch.equal(together, one_by_one)
+    # The float32 sums themselves: bfloat16's rounding would hide most changes of order.
+    kernel, flat = packing.load_stream_kernel(), x.reshape(-1, 384)
+    sums = kernel.linear(flat, stream.packed_weight, stream.bias, True)
+    assert sums.dtype == torch.float32
+    for i in range(flat.shape[0]):
+        assert torch.equal(sums[i], kernel.linear(flat[i:i + 1], stream.packed_weight,
+                                                  stream.bias, True)[0])
 
 
 @needs_kernel

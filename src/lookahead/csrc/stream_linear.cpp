@@ -83,9 +83,10 @@ torch::Tensor pack(const torch::Tensor& weight) {
   return weight.reshape({out / kLanes, kLanes, in / 2, 2}).permute({0, 2, 1, 3}).contiguous();
 }
 
-// x [N, I] bfloat16, packed [O/16, I/2, 16, 2], bias [O] or empty -> [N, O] bfloat16
+// x [N, I] bfloat16, packed [O/16, I/2, 16, 2], bias [O] or empty -> [N, O] bfloat16, or the
+// float32 sums themselves with float_output (for tests: bfloat16's rounding hides their order)
 torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& packed,
-                     const c10::optional<torch::Tensor>& bias) {
+                     const c10::optional<torch::Tensor>& bias, bool float_output) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kBFloat16, "x: expected 2-D bfloat16");
   const int64_t n = x.size(0), in = x.size(1), blocks = packed.size(0);
   TORCH_CHECK(packed.size(1) * 2 == in, "x: expected ", packed.size(1) * 2, " features");
@@ -106,11 +107,12 @@ torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& packed,
     }
   });
   if (bias.has_value() && bias->defined()) y.add_(bias->to(torch::kFloat));
-  return y.to(torch::kBFloat16);
+  return float_output ? y : y.to(torch::kBFloat16);
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("pack", &pack, "pack a bfloat16 weight [O, I] for linear");
   m.def("linear", &linear, "x @ W.T + b from a packed bfloat16 weight",
-        py::arg("x"), py::arg("packed"), py::arg("bias") = py::none());
+        py::arg("x"), py::arg("packed"), py::arg("bias") = py::none(),
+        py::arg("float_output") = false);
 }

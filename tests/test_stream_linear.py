@@ -8,6 +8,7 @@ say why.
 
 from __future__ import annotations
 
+import copy
 import json
 
 import pytest
@@ -75,6 +76,7 @@ def test_a_rows_result_does_not_depend_on_the_rows_beside_it(rows) -> None:
     one_by_one = torch.cat([stream(x[:, i:i + 1]) for i in range(rows)], dim=1)
     assert together.shape == (2, rows, 96)
     assert torch.equal(together, one_by_one)
+    assert torch.equal(copy.deepcopy(stream)(x), together)  # a copied model runs the same
     # The float32 sums themselves: bfloat16's rounding would hide most changes of order.
     kernel, flat = packing.load_stream_kernel(), x.reshape(-1, 384)
     sums = kernel.linear(flat, stream.packed_weight, stream.bias, True)

@@ -190,9 +190,10 @@ def packing_problem(model: torch.nn.Module, packed: bool | str | None = True) ->
     return cpu_packing_problem(dtype)
 
 
-def check_packable_dtype(packed_weights: bool | None, dtype: torch.dtype) -> None:
-    """Raise ValueError naming ``packed_weights`` when it is True for a ``dtype`` that cannot be
-    packed; the CPU is asked only when the model is packed."""
+def check_packable_dtype(packed_weights: bool | str | None, dtype: torch.dtype) -> None:
+    """Raise ValueError naming ``packed_weights`` when it is not True, False, None or
+    ``"stream"``, or asks to pack a ``dtype`` that cannot be packed so; the CPU is asked only
+    when the model is packed."""
     name = str(dtype).removeprefix("torch.")
     if packed_weights not in (None, False, True, STREAM):
         raise ValueError(f"packed_weights must be True, False, None or {STREAM!r}, "

@@ -76,7 +76,7 @@ class StreamLinear(torch.nn.Module):
         super().__init__()
         self.in_features = linear.in_features
         self.out_features = linear.out_features
-        self._kernel = kernel
+        self._linear = kernel.linear  # a builtin function: copy.deepcopy keeps it as it is
         self.register_buffer("packed_weight", kernel.pack(linear.weight.detach()),
                              persistent=False)
         self.bias = linear.bias
@@ -84,7 +84,7 @@ class StreamLinear(torch.nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: [..., in_features] -> [..., out_features]."""
         rows = x.reshape(-1, self.in_features).contiguous()
-        y = self._kernel.linear(rows, self.packed_weight, self.bias)
+        y = self._linear(rows, self.packed_weight, self.bias)
         return y.reshape(*x.shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:

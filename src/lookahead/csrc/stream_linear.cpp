@@ -11,9 +11,9 @@
 // inputs i and i+1 side by side in one 32-bit lane. The low half (shifted up) is input i,
 // the high half (masked) input i+1.
 //
-// Each output is summed over i in the same order whatever the number of rows, so a row's
-// result does not depend on the rows beside it (a pass of k tokens gives, row by row, the
-// bits of k passes of one).
+// Each output is summed in blocks of kBlock inputs, each block in order, and the blocks' sums
+// added in order: the same whatever the number of rows, so a row's result does not depend on
+// the rows beside it (a pass of k tokens gives, row by row, the bits of k passes of one).
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <immintrin.h>
@@ -23,36 +23,47 @@ namespace {
 constexpr int64_t kLanes = 16;     // float32 lanes of one AVX-512 register
 constexpr int64_t kRows = 8;       // token rows summed together per weight read
 constexpr int64_t kPrefetch = 1024;  // 32-bit words ahead (4 KiB) to ask memory for
+// Inputs summed in one register before the block's sum is added to the output: one long
+// float32 sum over 8960 inputs strayed further from float32's logits than oneDNN's on chat
+// prompts (top token 96.1 % against 98.0 % of positions); blocks of 256 brought it back.
+constexpr int64_t kBlock = 256;
 
 template <int R>
 void two_blocks(const uint32_t* w0, const uint32_t* w1, const float* xt, int64_t ldx,
                 int64_t in, float* y, int64_t ldy) {
-  __m512 a0[R], a1[R];
-  for (int r = 0; r < R; ++r) { a0[r] = _mm512_setzero_ps(); a1[r] = _mm512_setzero_ps(); }
   const __m512i high = _mm512_set1_epi32(0xffff0000);
-  for (int64_t i = 0; i < in; i += 2) {
-    _mm_prefetch(reinterpret_cast<const char*>(w0 + i * 8 + kPrefetch), _MM_HINT_T0);
-    _mm_prefetch(reinterpret_cast<const char*>(w1 + i * 8 + kPrefetch), _MM_HINT_T0);
-    const __m512i p0 = _mm512_loadu_si512(w0 + i * 8);
-    const __m512i p1 = _mm512_loadu_si512(w1 + i * 8);
-    const __m512 e0 = _mm512_castsi512_ps(_mm512_slli_epi32(p0, 16));
-    const __m512 o0 = _mm512_castsi512_ps(_mm512_and_si512(p0, high));
-    const __m512 e1 = _mm512_castsi512_ps(_mm512_slli_epi32(p1, 16));
-    const __m512 o1 = _mm512_castsi512_ps(_mm512_and_si512(p1, high));
-    const float* xe = xt + i * ldx;
-    const float* xo = xe + ldx;
-    for (int r = 0; r < R; ++r) {
-      const __m512 be = _mm512_set1_ps(xe[r]);
-      const __m512 bo = _mm512_set1_ps(xo[r]);
-      a0[r] = _mm512_fmadd_ps(be, e0, a0[r]);
-      a1[r] = _mm512_fmadd_ps(be, e1, a1[r]);
-      a0[r] = _mm512_fmadd_ps(bo, o0, a0[r]);
-      a1[r] = _mm512_fmadd_ps(bo, o1, a1[r]);
+  for (int64_t b = 0; b < in; b += kBlock) {
+    const int64_t end = std::min<int64_t>(in, b + kBlock);
+    __m512 a0[R], a1[R];
+    for (int r = 0; r < R; ++r) { a0[r] = _mm512_setzero_ps(); a1[r] = _mm512_setzero_ps(); }
+    for (int64_t i = b; i < end; i += 2) {
+      _mm_prefetch(reinterpret_cast<const char*>(w0 + i * 8 + kPrefetch), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(w1 + i * 8 + kPrefetch), _MM_HINT_T0);
+      const __m512i p0 = _mm512_loadu_si512(w0 + i * 8);
+      const __m512i p1 = _mm512_loadu_si512(w1 + i * 8);
+      const __m512 e0 = _mm512_castsi512_ps(_mm512_slli_epi32(p0, 16));
+      const __m512 o0 = _mm512_castsi512_ps(_mm512_and_si512(p0, high));
+      const __m512 e1 = _mm512_castsi512_ps(_mm512_slli_epi32(p1, 16));
+      const __m512 o1 = _mm512_castsi512_ps(_mm512_and_si512(p1, high));
+      const float* xe = xt + i * ldx;
+      const float* xo = xe + ldx;
+      for (int r = 0; r < R; ++r) {
+        const __m512 be = _mm512_set1_ps(xe[r]);
+        const __m512 bo = _mm512_set1_ps(xo[r]);
+        a0[r] = _mm512_fmadd_ps(be, e0, a0[r]);
+        a1[r] = _mm512_fmadd_ps(be, e1, a1[r]);
+        a0[r] = _mm512_fmadd_ps(bo, o0, a0[r]);
+        a1[r] = _mm512_fmadd_ps(bo, o1, a1[r]);
+      }
     }
-  }
-  for (int r = 0; r < R; ++r) {
-    _mm512_storeu_ps(y + r * ldy, a0[r]);
-    _mm512_storeu_ps(y + r * ldy + kLanes, a1[r]);
+    for (int r = 0; r < R; ++r) {
+      float* y0 = y + r * ldy;
+      if (b == 0) { _mm512_storeu_ps(y0, a0[r]); _mm512_storeu_ps(y0 + kLanes, a1[r]); }
+      else {
+        _mm512_storeu_ps(y0, _mm512_add_ps(_mm512_loadu_ps(y0), a0[r]));
+        _mm512_storeu_ps(y0 + kLanes, _mm512_add_ps(_mm512_loadu_ps(y0 + kLanes), a1[r]));
+      }
+    }
   }
 }
 

@@ -57,7 +57,7 @@ from transformers import (
 )
 
 from lookahead.grouped_attention import use_grouped_attention
-from lookahead.packing import STREAM, check_packable_dtype, pack_weights
+from lookahead.packing import check_packable_dtype, kernel_for, pack_weights
 
 logger = logging.getLogger(__name__)
 
@@ -317,7 +317,7 @@ def load_model(
     if grouped_attention:
         use_grouped_attention(model)
     if packed_weights:
-        pack_weights(model, STREAM if packed_weights == STREAM else "onednn")
+        pack_weights(model, kernel_for(packed_weights))
     return model, tokenizer
 
 

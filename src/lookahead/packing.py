@@ -256,6 +256,11 @@ def pack_weights(model: torch.nn.Module, kernel: str = "onednn") -> int:
     return swapped
 
 
+def kernel_for(packed_weights: bool | str | None) -> str:
+    """The ``pack_weights`` kernel a ``packed_weights`` value asks for."""
+    return STREAM if packed_weights == STREAM else "onednn"
+
+
 def _layer_maker(dtype: torch.dtype | None, kernel: str):
     """The function that makes a packed layer from a ``torch.nn.Linear`` of ``dtype``."""
     if dtype == torch.float32:
@@ -308,7 +313,7 @@ def apply_packing(model: torch.nn.Module, packed: bool | str | None) -> bool | s
         return packing_of(model)
     problem = packing_problem(model, packed)
     if problem is None and will_pack(linear_dtype(model), packed):
-        pack_weights(model, STREAM if packed == STREAM else "onednn")
+        pack_weights(model, kernel_for(packed))
         return packing_of(model)
     if packed:
         raise ValueError(f"packed_weights: {problem}")

@@ -22,8 +22,8 @@ namespace {
 
 constexpr int64_t kLanes = 16;     // float32 lanes of one AVX-512 register
 // Token rows summed together per weight read: 12 rows and two output registers make 24
-// accumulators, of AVX-512's 32 registers. A pass of 10 or 12 tokens took 160 / 177 ms on
-// Qwen2.5-Coder-1.5B against 198 / 208 with 8 rows (two weight reads, the second from cache).
+// accumulators, of AVX-512's 32 registers. A pass of 10 or 12 tokens took 161 / 180 ms on
+// Qwen2.5-Coder-1.5B against 200 / 210 with 8 rows (two weight reads, the second from cache).
 constexpr int64_t kRows = 12;
 constexpr int64_t kPrefetch = 1024;  // 32-bit words ahead (4 KiB) to ask memory for
 // Inputs summed in one register before the block's sum is added to the output: one long

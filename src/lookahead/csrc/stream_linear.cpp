@@ -18,6 +18,9 @@
 #include <ATen/Parallel.h>
 #include <immintrin.h>
 
+#include <array>
+#include <utility>
+
 namespace {
 
 constexpr int64_t kLanes = 16;     // float32 lanes of one AVX-512 register
@@ -70,23 +73,16 @@ void two_blocks(const uint32_t* w0, const uint32_t* w1, const float* xt, int64_t
   }
 }
 
-void rows(int64_t count, const uint32_t* w0, const uint32_t* w1, const float* xt, int64_t ldx,
-          int64_t in, float* y, int64_t ldy) {
-  switch (count) {
-    case 1: return two_blocks<1>(w0, w1, xt, ldx, in, y, ldy);
-    case 2: return two_blocks<2>(w0, w1, xt, ldx, in, y, ldy);
-    case 3: return two_blocks<3>(w0, w1, xt, ldx, in, y, ldy);
-    case 4: return two_blocks<4>(w0, w1, xt, ldx, in, y, ldy);
-    case 5: return two_blocks<5>(w0, w1, xt, ldx, in, y, ldy);
-    case 6: return two_blocks<6>(w0, w1, xt, ldx, in, y, ldy);
-    case 7: return two_blocks<7>(w0, w1, xt, ldx, in, y, ldy);
-    case 8: return two_blocks<8>(w0, w1, xt, ldx, in, y, ldy);
-    case 9: return two_blocks<9>(w0, w1, xt, ldx, in, y, ldy);
-    case 10: return two_blocks<10>(w0, w1, xt, ldx, in, y, ldy);
-    case 11: return two_blocks<11>(w0, w1, xt, ldx, in, y, ldy);
-    default: return two_blocks<12>(w0, w1, xt, ldx, in, y, ldy);
-  }
+using RowsKernel = void (*)(const uint32_t*, const uint32_t*, const float*, int64_t, int64_t,
+                            float*, int64_t);
+
+// two_blocks<1> ... two_blocks<kRows>, indexed by rows - 1: derived from kRows, so changing
+// kRows changes the table with it.
+template <int... R>
+constexpr std::array<RowsKernel, sizeof...(R)> rows_table(std::integer_sequence<int, R...>) {
+  return {two_blocks<R + 1>...};
 }
+constexpr auto kByRows = rows_table(std::make_integer_sequence<int, kRows>{});
 
 }  // namespace
 
@@ -119,8 +115,8 @@ torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& packed,
     for (int64_t pair = begin; pair < end; ++pair) {
       const uint32_t* w0 = w + 2 * pair * block_words;
       for (int64_t r = 0; r < n; r += kRows) {
-        rows(std::min(kRows, n - r), w0, w0 + block_words, xs + r, n, in,
-             ys + r * out + 2 * pair * kLanes, out);
+        kByRows[std::min(kRows, n - r) - 1](w0, w0 + block_words, xs + r, n, in,
+                                            ys + r * out + 2 * pair * kLanes, out);
       }
     }
   });

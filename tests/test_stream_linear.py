@@ -157,3 +157,14 @@ def test_the_stream_kernel_flag_packs_for_it_and_generate_prints_text(tiny_folde
     err = capsys.readouterr().err
     assert info.value.code == 2
     assert "argument --stream-kernel: the stream kernel is for bfloat16" in err
+
+
+@pytest.mark.parametrize("command", ["bench", "tune"])
+def test_bench_and_tune_name_the_stream_kernel_flag_for_another_dtype(command, tiny_folder,
+                                                                       capsys) -> None:
+    # Checked before any model loads: the error names the flag the user typed.
+    code, out, err = run_cli([command, "--model", str(tiny_folder), "--dtype", "float32",
+                              "--limit", "1", "--stream-kernel"], capsys)
+    assert code == 2 and not out
+    assert "argument --stream-kernel: packed_weights='stream' applies to dtype bfloat16" in err
+    assert "Traceback" not in err

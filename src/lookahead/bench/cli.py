@@ -28,7 +28,11 @@ from lookahead.bench.methods import METHODS, MethodOptions
 from lookahead.bench.report import markdown_table, write_results
 from lookahead.bench.runner import BenchConfig, run_benchmark
 from lookahead.bench.tune import shape_label, split_cap
-from lookahead.commands.common import add_datastore_arg, add_max_step_tokens
+from lookahead.commands.common import (
+    add_datastore_arg,
+    add_max_step_tokens,
+    check_packing_dtype,
+)
 from lookahead.config import DraftConfig, LookaheadConfig, PromptLookupConfig
 from lookahead.datastore import check_spec
 
@@ -98,6 +102,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def config_from_args(args: argparse.Namespace) -> BenchConfig:
     """The ``BenchConfig`` the arguments ask for (``--shape auto`` read from the profile)."""
+    check_packing_dtype(args)  # before the models load, naming the flag
     if args.datastore:
         check_spec(args.datastore)  # before the models load
     # A tuned profile may cap lookahead's steps; --max-step-tokens caps all of ours instead.

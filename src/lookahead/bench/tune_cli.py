@@ -41,7 +41,13 @@ from lookahead.bench.tune import (
     tune,
     versus_default,
 )
-from lookahead.commands.common import add_datastore_arg, float_in, int_in, workload_arg
+from lookahead.commands.common import (
+    add_datastore_arg,
+    check_packing_dtype,
+    float_in,
+    int_in,
+    workload_arg,
+)
 from lookahead.config import MAX_DRAFT_TOKENS
 
 logger = logging.getLogger(__name__)
@@ -147,6 +153,7 @@ def run(args: argparse.Namespace) -> int:
     quiet_loading(args)
     console = Console(stderr=True)
     try:
+        check_packing_dtype(args)  # naming the flag, where TuneConfig would name the field
         config = TuneConfig(
             model=args.model,
             dtype=args.dtype,

@@ -42,6 +42,7 @@ from lookahead.models import (
     DEFAULT_MODEL,
     ModelNotAvailableError,
     load_model,
+    resolve_dtype,
 )
 from lookahead.models import dtype_name as canonical_dtype_name
 from lookahead.stats import GenerationStats
@@ -475,9 +476,22 @@ def apply_packing(model: Any, packed: bool | str | None) -> bool | str:
     flag."""
     problem = packing.packing_problem(model, packed) if packed else None
     if problem is not None:
-        flag = "--stream-kernel" if packed == packing.STREAM else "--packed-weights"
-        raise UsageError(flag, problem)
+        raise UsageError(packing_flag(packed), problem)
     return packing.apply_packing(model, packed)
+
+
+def packing_flag(packed: bool | str | None) -> str:
+    """The flag that asked for ``packed`` (``args.packed_weights``)."""
+    return "--stream-kernel" if packed == packing.STREAM else "--packed-weights"
+
+
+def check_packing_dtype(args: argparse.Namespace) -> None:
+    """``packing.check_packable_dtype`` on ``args.packed_weights`` and ``args.dtype``, before
+    any model loads (``bench``, ``tune``); raises ValueError naming the flag that asked."""
+    try:
+        packing.check_packable_dtype(args.packed_weights, resolve_dtype(args.dtype))
+    except ValueError as error:
+        raise ValueError(f"argument {packing_flag(args.packed_weights)}: {error}") from None
 
 
 def encode_text(tokenizer: Any, text: str) -> torch.Tensor:

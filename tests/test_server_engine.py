@@ -260,8 +260,9 @@ def test_run_serves_in_the_calling_thread_until_stopped(model, tokenizer) -> Non
 
     def client() -> None:
         handle = engine.submit(make_decoder(model, ids, 16, "lookahead"))
-        got["alive"] = engine.alive
         got["tokens"] = _collect(handle)[1].token_ids
+        # Read once the answer is in: before, run() on the main thread may not have begun.
+        got["alive"] = engine.alive
         engine.stop()
 
     thread = threading.Thread(target=client)

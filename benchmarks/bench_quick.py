@@ -15,14 +15,14 @@ from __future__ import annotations
 import argparse
 import sys
 
-from lookahead.bench.args import (
+from lookahead.cli.bench_args import (
     add_shape_arguments,
     apply_threads,
     positive_int,
     quiet_loading,
     shape_from_args,
 )
-from lookahead.bench.cli import run_with_progress
+from lookahead.cli.bench import run_with_progress
 from lookahead.bench.methods import MethodOptions
 from lookahead.bench.report import markdown_table, write_results
 from lookahead.bench.runner import BenchConfig

@@ -21,8 +21,8 @@ import sys
 from collections import defaultdict
 
 import lookahead
-from lookahead.bench.args import apply_threads, quiet_loading
-from lookahead.datasets import encode_prompt, load_prompts
+from lookahead.cli.bench_args import apply_threads, quiet_loading
+from lookahead.bench.datasets import encode_prompt, load_prompts
 
 VARIANTS = {
     "lookahead": {

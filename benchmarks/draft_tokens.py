@@ -16,11 +16,11 @@ from __future__ import annotations
 import argparse
 import sys
 
-from lookahead.bench.args import apply_threads, positive_int, positive_int_list, quiet_loading
+from lookahead.cli.bench_args import apply_threads, positive_int, positive_int_list, quiet_loading
 from lookahead.bench.methods import Measurement, MethodOptions, measure
 from lookahead.config import DraftConfig
-from lookahead.datasets import encode_prompt, load_prompts
-from lookahead.models import load_model
+from lookahead.bench.datasets import encode_prompt, load_prompts
+from lookahead.models.load import load_model
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

@@ -35,7 +35,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 import lookahead
 from lookahead.attention import decoding_attention
-from lookahead.bench.args import positive_int, positive_int_list, shape_arg
+from lookahead.cli.bench_args import positive_int, positive_int_list, shape_arg
 from lookahead.bench.tune import causal_step, cost_at, forward_cost_curve, synchronize
 from lookahead.cache import cache_keyword, new_cache
 

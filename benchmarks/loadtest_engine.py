@@ -17,7 +17,7 @@ import time
 
 import lookahead
 from lookahead.api import make_decoder
-from lookahead.datasets import encode_prompt, load_prompts
+from lookahead.bench.datasets import encode_prompt, load_prompts
 from lookahead.server.engine import Engine, EngineConfig, FinishEvent
 
 

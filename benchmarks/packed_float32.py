@@ -20,9 +20,9 @@ import sys
 
 from packed_weights import load_settings  # threads, one model per setting
 
-from lookahead.bench.args import comma_list, positive_int
+from lookahead.cli.bench_args import comma_list, positive_int
 from lookahead.bench.methods import METHODS, MethodOptions, measure
-from lookahead.datasets import BUNDLED_DATASETS, encode_prompt, load_prompts
+from lookahead.bench.datasets import BUNDLED_DATASETS, encode_prompt, load_prompts
 
 REFERENCE = ("hf", "plain")
 

@@ -1,14 +1,14 @@
 """Packed weights against plain ones: the forward-cost curve, and how far the logits differ.
 
 Loads the model twice in ``--dtype`` (bfloat16 by default, or float32), once with its linear
-linear layers packed (``lookahead.packing``: laid out for oneDNN in bfloat16, taken
+linear layers packed (``lookahead.kernels.packing``: laid out for oneDNN in bfloat16, taken
 weight first in float32), and measures, in alternating rounds so that
 a slow spell of a shared machine hits both alike, the median cost of a forward pass of k new
 tokens after a prompt (``lookahead.bench.tune.forward_cost_curve``). Then it prints the largest
 difference between their logits over every k (0 in bfloat16: bit for bit); for scale, how far
 each model's own logits move when the largest k tokens go in one pass rather than one by one;
 and whether HF ``generate`` writes the same tokens on both, and times it. With
-``--stream-kernel`` a third copy runs on the stream kernel (``lookahead.stream_linear``).
+``--stream-kernel`` a third copy runs on the stream kernel (``lookahead.kernels.stream_linear``).
 
     python benchmarks/packed_weights.py --model qwen2.5-coder-1.5b --threads 2 \
         --plot docs/results/packed-weights-qwen2.5-coder-1.5b.png
@@ -28,10 +28,10 @@ import torch
 from matplotlib.figure import Figure
 
 import lookahead
-from lookahead.bench.args import apply_threads, positive_int, quiet_loading
+from lookahead.cli.bench_args import apply_threads, positive_int, quiet_loading
 from lookahead.bench.tune import forward_cost_curve
 from lookahead.cache import cache_keyword, new_cache
-from lookahead.datasets import encode_prompt, load_prompts
+from lookahead.bench.datasets import encode_prompt, load_prompts
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -47,7 +47,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--plot", type=Path, help="save the curves as this PNG")
     parser.add_argument("--stream-kernel", action="store_true",
                         help="also load a copy on the stream kernel (bfloat16; "
-                        "lookahead.stream_linear) and compare it too")
+                        "lookahead.kernels.stream_linear) and compare it too")
     return parser.parse_args(argv)
 
 

@@ -23,12 +23,12 @@ import torch
 
 from lookahead.api import make_decoder
 from lookahead.attention import TokenTree, attention_mask, layout_step
-from lookahead.bench.args import apply_threads, positive_int, shape_arg
+from lookahead.cli.bench_args import apply_threads, positive_int, shape_arg
 from lookahead.cache import cache_keyword, cache_length, keep_new
-from lookahead.datasets import encode_prompt, load_prompts
-from lookahead.datastore import load_datastore
+from lookahead.bench.datasets import encode_prompt, load_prompts
+from lookahead.sources.datastore import load_datastore
 from lookahead.decode import StepPlan, fit_budget
-from lookahead.models import load_model
+from lookahead.models.load import load_model
 
 
 class Clock:

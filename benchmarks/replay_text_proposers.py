@@ -34,13 +34,13 @@ import sys
 from pathlib import Path
 
 from lookahead.attention import TokenTree
-from lookahead.bench.args import quiet_loading
+from lookahead.cli.bench_args import quiet_loading
 from lookahead.bench.tune import cost_at, load_profile
-from lookahead.datastore import Datastore, load_datastore
+from lookahead.sources.datastore import Datastore, load_datastore
 from lookahead.config import LookaheadConfig, PromptLookupConfig
-from lookahead.datasets import encode_prompt, load_prompts
-from lookahead.memory import TextMemory
-from lookahead.models import load_model
+from lookahead.bench.datasets import encode_prompt, load_prompts
+from lookahead.sources.memory import TextMemory
+from lookahead.models.load import load_model
 from lookahead.proposers.base import StepOutcome
 from lookahead.proposers.lookahead import LookaheadProposer, NGramPool
 from lookahead.proposers.prompt_lookup import PromptLookupProposer, find_continuation

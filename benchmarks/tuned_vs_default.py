@@ -29,7 +29,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from lookahead.bench.args import add_comparison_arguments, apply_threads, quiet_loading
+from lookahead.cli.bench_args import add_comparison_arguments, apply_threads, quiet_loading
 from lookahead.bench.methods import MethodOptions, agreeing, measure_in_turn, total
 from lookahead.bench.tune import (
     DEFAULT_SHAPE,
@@ -39,12 +39,12 @@ from lookahead.bench.tune import (
     split_cap,
 )
 from lookahead.bench.tune import shape_label as shape_name
-from lookahead.commands.common import add_datastore_arg
+from lookahead.cli.common import add_datastore_arg
 from lookahead.config import LookaheadConfig
-from lookahead.datastore import check_spec, load_datastore
-from lookahead.datasets import Prompt, load_prompts, spread
-from lookahead.models import load_model, resolve_dtype
-from lookahead.packing import apply_packing, will_pack
+from lookahead.sources.datastore import check_spec, load_datastore
+from lookahead.bench.datasets import Prompt, load_prompts, spread
+from lookahead.models.load import load_model, resolve_dtype
+from lookahead.kernels.packing import apply_packing, will_pack
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -17,13 +17,13 @@ import argparse
 import dataclasses
 import sys
 
-from lookahead.bench.args import add_comparison_arguments, apply_threads, quiet_loading
+from lookahead.cli.bench_args import add_comparison_arguments, apply_threads, quiet_loading
 from lookahead.bench.methods import MethodOptions, measure_in_turn, total
 from lookahead.bench.tune import resolve_shape, split_cap
 from lookahead.config import LookaheadConfig
-from lookahead.datasets import load_prompts
-from lookahead.models import load_model
-from lookahead.packing import apply_packing
+from lookahead.bench.datasets import load_prompts
+from lookahead.models.load import load_model
+from lookahead.kernels.packing import apply_packing
 
 
 def main(argv: list[str] | None = None) -> int:

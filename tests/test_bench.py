@@ -13,7 +13,7 @@ from tiny import save_tiny_model
 import lookahead
 from lookahead.api import make_decoder
 
-from lookahead.bench.cli import config_from_args
+from lookahead.cli.bench import config_from_args
 from lookahead.bench.methods import METHODS, _our_options
 from lookahead.bench.report import markdown_table, summarise
 from lookahead.bench.runner import BenchConfig
@@ -36,9 +36,9 @@ from lookahead.bench.tune import (
     token_cost_of,
     versus_default,
 )
-from lookahead.cli import build_parser, main
+from lookahead.cli.main import build_parser, main
 from lookahead.config import LookaheadConfig
-from lookahead.commands.common import UsageError, method_options
+from lookahead.cli.common import UsageError, method_options
 
 # A small vocabulary makes a random model repeat itself, so proposers get accepted.
 WORDS = ["<unk>", "<s>", "</s>", "def", "f", "(", ")", ":", "return", "x", "+", "1", "a", "b"]
@@ -741,8 +741,8 @@ def test_measure_in_turn_measures_each_run_on_each_prompt(tiny) -> None:
     gets one measurement per prompt, in order; they sum and agree as the scripts read them,
     and the window gauge's run feeds fewer tokens per step."""
     from lookahead.bench.methods import MethodOptions, agreeing, measure_in_turn, total
-    from lookahead.datasets import load_prompts
-    from lookahead.models import load_model
+    from lookahead.bench.datasets import load_prompts
+    from lookahead.models.load import load_model
 
     model, tokenizer = load_model(str(tiny["model"]), "float64")
     prompts = {"set": load_prompts(str(tiny["prompts"]))}

@@ -132,7 +132,7 @@ def test_ctrl_d_at_the_prompt_leaves(tiny_folder) -> None:
 def test_ctrl_c_during_an_answer_sets_a_flag_then_raises_and_the_handler_is_restored() -> None:
     import signal
 
-    from lookahead.commands.chat import ctrl_c_requests_stop
+    from lookahead.cli.chat import ctrl_c_requests_stop
 
     before = signal.getsignal(signal.SIGINT)
     with ctrl_c_requests_stop() as stop:

@@ -1,7 +1,7 @@
 """Tests of ``lookahead generate`` (and the options every subcommand shares) on a tiny model.
 
 The model is a random-weight 2-layer Llama saved, with a word-level tokenizer and a chat
-template, to a temporary folder, then run through ``lookahead.cli.main([...])`` in float64 so
+template, to a temporary folder, then run through ``lookahead.cli.main.main([...])`` in float64 so
 that every method must print exactly the text of ``model.generate``'s greedy output.
 """
 
@@ -26,12 +26,12 @@ from tokenizers import models as tokenizer_models
 from transformers import PreTrainedTokenizerFast
 
 import lookahead
-from lookahead.cli import build_parser, main
-from lookahead.bench.cli import config_from_args
+from lookahead.cli.main import build_parser, main
+from lookahead.cli.bench import config_from_args
 from lookahead.bench.methods import _our_options
-from lookahead.commands.common import TextDelta, UsageError, method_options
-from lookahead.packing import cpu_packing_problem
-from lookahead.models import chat_prompt
+from lookahead.cli.common import TextDelta, UsageError, method_options
+from lookahead.kernels.packing import cpu_packing_problem
+from lookahead.models.load import chat_prompt
 from lookahead.server.detokenize import Detokenizer
 
 PROMPT = "def fast model return the same output for one token"
@@ -185,7 +185,7 @@ def test_bad_options_are_argparse_errors_naming_the_option(
 @pytest.mark.parametrize("argv", [["generate", "--model", "m", PROMPT], ["chat", "--model", "m"],
                                   ["demo"], ["serve"], ["bench"], ["tune"]])
 def test_every_command_loads_the_dtype_this_cpu_prefers_unless_told(monkeypatch, argv) -> None:
-    monkeypatch.setattr(lookahead.models, "preferred_dtype", lambda: torch.float64)
+    monkeypatch.setattr(lookahead.models.load, "preferred_dtype", lambda: torch.float64)
     parser = build_parser()
     assert parser.parse_args(argv).dtype == "float64"  # "auto", resolved when parsed
     assert parser.parse_args([*argv, "--dtype", "bf16"]).dtype == "bfloat16"
@@ -205,15 +205,15 @@ def test_generate_on_packed_weights_prints_what_plain_weights_print(tiny_folder,
 def test_generate_packs_float32_only_when_asked_and_prints_the_same(tiny_folder, capsys,
                                                                     monkeypatch) -> None:
     packed_models = []
-    pack = lookahead.packing.pack_weights
-    monkeypatch.setattr(lookahead.packing, "pack_weights",
+    pack = lookahead.kernels.packing.pack_weights
+    monkeypatch.setattr(lookahead.kernels.packing, "pack_weights",
                         lambda model, *kernel: packed_models.append(model) or pack(model, *kernel))
     argv = ["generate", "--model", str(tiny_folder), "--dtype", "float32", "--max-new-tokens",
             "24", PROMPT]
     code_default, default, _ = run_cli(argv, capsys)
     assert packed_models == []  # float32 sums would change: not by default
     code_packed, packed, _ = run_cli([*argv, "--packed-weights"], capsys)
-    assert len(packed_models) == 1 and lookahead.packing.is_packed(packed_models[0])
+    assert len(packed_models) == 1 and lookahead.kernels.packing.is_packed(packed_models[0])
     assert code_default == code_packed == 0
     assert default.strip() and packed == default
 
@@ -233,8 +233,8 @@ def test_max_step_tokens_reaches_generate_and_bench_and_not_plain_decoding() -> 
 
 
 def test_copy_length_flags_reach_the_method_options() -> None:
-    from lookahead.cli import build_parser
-    from lookahead.commands.common import method_options
+    from lookahead.cli.main import build_parser
+    from lookahead.cli.common import method_options
 
     argv = ["generate", "--model", "m", "--lookup-tokens", "4", "--lookup-max-tokens", "0", "hi"]
     assert method_options(build_parser().parse_args(argv)) == {
@@ -262,7 +262,7 @@ def test_datastore_is_checked_before_loading(capsys, monkeypatch, command, argv,
     def no_loading(*args, **kwargs):
         raise AssertionError("the model was loaded before --datastore was checked")
 
-    monkeypatch.setattr("lookahead.commands.common.load_model", no_loading)
+    monkeypatch.setattr("lookahead.cli.common.load_model", no_loading)
     with pytest.raises(SystemExit) as info:
         main([command[0], "--model", "some-model", *argv, *command[1:]])
     assert info.value.code == 2
@@ -355,7 +355,7 @@ def test_empty_prompt_is_an_error(tiny_folder, capsys, monkeypatch) -> None:
 
 
 def test_every_subcommand_is_registered() -> None:
-    from lookahead.cli import build_parser
+    from lookahead.cli.main import build_parser
 
     choices = build_parser()._subparsers._group_actions[0].choices
     assert {"demo", "generate", "chat", "install-model"} <= set(choices)
@@ -412,7 +412,7 @@ def test_text_delta_word_level_keeps_the_spaces() -> None:
 
 @pytest.mark.slow
 def test_demo_on_the_bundled_model_prints_identical(capsys) -> None:
-    from lookahead.models import ModelNotAvailableError, find_gguf, get_model_spec
+    from lookahead.models.load import ModelNotAvailableError, find_gguf, get_model_spec
 
     try:
         find_gguf(get_model_spec("smollm2-135m"))

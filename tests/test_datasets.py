@@ -1,4 +1,4 @@
-"""Tests of lookahead.datasets: bundled prompt sets, JSONL files, limits and encoding."""
+"""Tests of lookahead.bench.datasets: bundled prompt sets, JSONL files, limits and encoding."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ import pytest
 import torch
 from tiny import CHAT_TEMPLATE, word_tokenizer
 
-from lookahead import datasets
-from lookahead.datasets import (
+from lookahead.bench import datasets
+from lookahead.bench.datasets import (
     DatasetNotAvailableError,
     DatasetSpec,
     Prompt,

@@ -14,7 +14,7 @@ from tiny import reference
 import lookahead
 from lookahead import Datastore, TextMemory
 from lookahead.config import LookaheadConfig, PromptLookupConfig
-from lookahead.datastore import load_datastore, tokenize_documents
+from lookahead.sources.datastore import load_datastore, tokenize_documents
 from lookahead.proposers.lookahead import LookaheadProposer
 from lookahead.proposers.prompt_lookup import PromptLookupProposer
 
@@ -200,7 +200,7 @@ def test_the_python_datastore_adds_the_installed_packages_to_the_stdlib(tmp_path
     (stdlib / "os.py").write_text("import sys")
     (site / "pkg" / "mod.py").write_text("import numpy")
     (site / "pkg" / "data.json").write_text("not code")  # only *.py files
-    monkeypatch.setattr("lookahead.datastore.sysconfig.get_paths",
+    monkeypatch.setattr("lookahead.sources.datastore.sysconfig.get_paths",
                         lambda: {"stdlib": str(stdlib), "purelib": str(site),
                                  "platlib": str(site)})
     tokenizer = _WordTokenizer()

@@ -36,7 +36,7 @@ MODEL_CASES = {
     "gemma2-eager": ("gemma2", "eager", {}),
     "gemma3-sliding8": ("gemma3", "sdpa", {"sliding_window": 8}),
     "phi3": ("phi3", "sdpa", {}),
-    # lookahead.grouped_attention (references from the same weights on "sdpa")
+    # lookahead.kernels.grouped_attention (references from the same weights on "sdpa")
     "llama-grouped": ("llama", "grouped", {}),
     "qwen2-sliding8-grouped": ("qwen2", "grouped", QWEN2_SLIDING8),
     "gemma3-sliding8-grouped": ("gemma3", "grouped", {"sliding_window": 8}),

@@ -7,7 +7,7 @@ import torch
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 import lookahead
-from lookahead.grouped_attention import ATTENTION_NAME, _foldable, grouped_sdpa
+from lookahead.kernels.grouped_attention import ATTENTION_NAME, _foldable, grouped_sdpa
 
 
 class Attention(torch.nn.Module):

@@ -1,4 +1,4 @@
-"""Tests of lookahead.models: registry, dtype, local loading, GGUF assembly, weight cache."""
+"""Tests of lookahead.models.load: registry, dtype, local loading, GGUF assembly, weight cache."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ import torch
 from tiny import CHAT_TEMPLATE, tiny_llama, word_tokenizer
 from transformers import LlamaForCausalLM
 
-from lookahead import models
-from lookahead.models import (
+from lookahead.models import load as models
+from lookahead.models.load import (
     ModelNotAvailableError,
     ModelSpec,
     chat_prompt,

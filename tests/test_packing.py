@@ -1,4 +1,4 @@
-"""Packed weights (``lookahead.packing``): the same logits and outputs, bit for bit, in bfloat16;
+"""Packed weights (``lookahead.kernels.packing``): the same logits and outputs, bit for bit, in bfloat16;
 in float32 (swapped only when asked for) one-row logits bit for bit, several rows' within a
 few 1e-6, and the same outputs.
 
@@ -23,8 +23,8 @@ import lookahead
 from lookahead.bench.report import summarise
 from lookahead.bench.runner import BenchConfig
 from lookahead.cache import cache_keyword, new_cache
-from lookahead import packing
-from lookahead.packing import (BLOCK_ROWS, PackedLinear, WeightFirstLinear, apply_packing,
+from lookahead.kernels import packing
+from lookahead.kernels.packing import (BLOCK_ROWS, PackedLinear, WeightFirstLinear, apply_packing,
                                is_packed, pack_weights, packing_problem)
 
 # Packing needs oneDNN, and a CPU whose bfloat16 reorder it supports (AVX512 or AVX-NE-CONVERT).

@@ -22,8 +22,8 @@ from test_server_engine import (
 )
 
 import lookahead
-import lookahead.cli
-from lookahead.datasets import load_prompts
+from lookahead.cli import main as cli_main
+from lookahead.bench.datasets import load_prompts
 from lookahead.server.app import ServerSettings, create_app
 from lookahead.server.detokenize import Detokenizer
 from lookahead.server.engine import Engine, EngineConfig
@@ -205,7 +205,7 @@ def test_client_that_gives_up_on_a_whole_answer_is_cancelled(served) -> None:
         ({"lookahead": {"method": "prompt_lookup", "window": 3}}, "lookahead"),
         ({"lookahead": {"method": "draft"}}, "lookahead.method"),
         ({"lookahead": {"temperature": 1}}, "lookahead.temperature"),
-        ({"lookahead": {"memory": True}}, "lookahead.memory"),
+        ({"lookahead": {"memory": True}}, "lookahead.sources.memory"),
         ({"lookahead": {"workload": "code"}}, "lookahead.workload"),
         ({"prompt": [5] * (CONTEXT + 1)}, "prompt"),
         ({"max_tokens": CONTEXT}, "max_tokens"),
@@ -375,7 +375,7 @@ def test_loadtest_alternates_methods_and_pools_repeats(served, tmp_path, monkeyp
 
     monkeypatch.setattr(engine, "submit", recording_submit)  # this test's engine object only
     out = tmp_path / "out"
-    code = lookahead.cli.main(["loadtest", "--url", server.url, "--concurrency", "1,2",
+    code = cli_main.main(["loadtest", "--url", server.url, "--concurrency", "1,2",
                                "--requests", "3", "--repeat", "3", "--max-tokens", "5",
                                "--warmup", "0", "--dataset", str(prompts), "--out", str(out)])
     assert code == 0
@@ -406,7 +406,7 @@ def test_loadtest_without_a_server_is_an_error_naming_url(served, tmp_path, caps
         for url, says in [(dead, "no server answers"),
                           (served[0].url + "/elsewhere", "not an OpenAI-compatible server")]:
             with pytest.raises(SystemExit) as exit_:
-                lookahead.cli.main(["loadtest", "--url", url, "--requests", "1",
+                cli_main.main(["loadtest", "--url", url, "--requests", "1",
                                     "--out", str(tmp_path)])
             assert exit_.value.code == 2
             error = capsys.readouterr().err

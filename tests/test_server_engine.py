@@ -561,7 +561,7 @@ def test_sigterm_caught_by_another_thread_still_stops_an_idle_engine(model, toke
     not block in its wait for good, or the server stays up (a CI run hung this way)."""
     import signal
 
-    from lookahead.server.cli import _interrupt_on_sigterm
+    from lookahead.cli.serve import _interrupt_on_sigterm
 
     engine = Engine(model, tokenizer, EngineConfig(warm_up=False))
 

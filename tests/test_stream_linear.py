@@ -1,4 +1,4 @@
-"""The stream kernel (``lookahead.stream_linear``, ``packed_weights="stream"``): bfloat16 linears
+"""The stream kernel (``lookahead.kernels.stream_linear``, ``packed_weights="stream"``): bfloat16 linears
 summed in float32, close to the exact product, with each row's result independent of the rows
 beside it; and the way the packing, the profiles and the command line choose it.
 
@@ -17,11 +17,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import lookahead
-from lookahead import packing
+from lookahead.kernels import packing
 from lookahead.bench.tune import load_profile, profile_path
-from lookahead.cli import main
-from lookahead.packing import PackedLinear, StreamLinear, pack_weights, packing_of
-from lookahead.stream_linear import stream_kernel_problem
+from lookahead.cli.main import main
+from lookahead.kernels.packing import PackedLinear, StreamLinear, pack_weights, packing_of
+from lookahead.kernels.stream_linear import stream_kernel_problem
 from tiny import save_tiny_chat_model
 
 PROBLEM = stream_kernel_problem() or packing.cpu_packing_problem()

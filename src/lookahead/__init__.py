@@ -15,10 +15,10 @@ from lookahead.config import (
     PromptLookupConfig,
     SamplingConfig,
 )
-from lookahead.datastore import Datastore
-from lookahead.grouped_attention import use_grouped_attention
-from lookahead.memory import TextMemory
-from lookahead.packing import pack_weights, packing_problem
+from lookahead.sources.datastore import Datastore
+from lookahead.kernels.grouped_attention import use_grouped_attention
+from lookahead.sources.memory import TextMemory
+from lookahead.kernels.packing import pack_weights, packing_problem
 from lookahead.stats import GenerationStats
 
 try:
@@ -28,8 +28,8 @@ except PackageNotFoundError:  # imported from a source tree that was never insta
 
 
 def load_model(*args, **kwargs):
-    """Load a bundled name, HF id, local folder or .gguf path: see ``lookahead.models``."""
-    from lookahead.models import load_model as _load
+    """Load a bundled name, HF id, local folder or .gguf path: see ``lookahead.models.load``."""
+    from lookahead.models.load import load_model as _load
 
     return _load(*args, **kwargs)
 

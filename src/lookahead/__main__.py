@@ -1,5 +1,5 @@
 import sys
 
-from lookahead.cli import main
+from lookahead.cli.main import main
 
 sys.exit(main())

@@ -18,10 +18,10 @@ from lookahead.config import (
     check_int,
     check_step_tokens,
 )
-from lookahead.datastore import Datastore
+from lookahead.sources.datastore import Datastore
 from lookahead.decode import Decoder
-from lookahead.memory import TextMemory
-from lookahead.packing import packing_of
+from lookahead.sources.memory import TextMemory
+from lookahead.kernels.packing import packing_of
 from lookahead.proposers.base import NoProposer, Proposer
 from lookahead.proposers.draft import DraftProposer
 from lookahead.proposers.lookahead import LookaheadProposer

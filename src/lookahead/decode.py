@@ -22,7 +22,7 @@ from lookahead.attention import (
 )
 from lookahead.cache import cache_keyword, cache_length, decoding_pass, keep_new, new_cache
 from lookahead.config import SamplingConfig
-from lookahead.memory import TextMemory
+from lookahead.sources.memory import TextMemory
 from lookahead.proposers.base import Proposal, Proposer, StepOutcome
 from lookahead.stats import GenerationStats
 from lookahead.verify import Verdict, choose, verify_greedy, verify_sampling, warp

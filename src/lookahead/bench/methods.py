@@ -27,9 +27,9 @@ import lookahead
 from lookahead.attention import decoding_attention
 from lookahead.api import METHOD_OPTIONS
 from lookahead.config import DraftConfig, LookaheadConfig, PromptLookupConfig
-from lookahead.datasets import encode_prompt
-from lookahead.datastore import Datastore
-from lookahead.memory import MEMORY_METHODS, TextMemory
+from lookahead.bench.datasets import encode_prompt
+from lookahead.sources.datastore import Datastore
+from lookahead.sources.memory import MEMORY_METHODS, TextMemory
 
 HF_METHODS = ("hf", "hf_prompt_lookup", "hf_assisted")
 OUR_METHODS = ("autoregressive", "lookahead", "prompt_lookup", "draft")
@@ -67,7 +67,7 @@ class MethodOptions:
         (a ``TextMemory`` per method, filled after the warm-up, so a prompt never sees its
         own answer).
     datastore: our lookahead and prompt lookup also copy from this corpus ("stdlib", "python" or
-        a file or folder of text, see ``lookahead.datastore.load_datastore``); None: none.
+        a file or folder of text, see ``lookahead.sources.datastore.load_datastore``); None: none.
     max_step_tokens: the most tokens a step of ours feeds the model; None: no cap.
     lookahead_step_tokens: the same for lookahead alone where ``max_step_tokens`` is None
         (the cap a tuned profile chose with its shape).
@@ -260,7 +260,7 @@ def measure_in_turn(model, tokenizer, prompts: dict, runs: dict, max_new_tokens:
     """Each prompt by every run in turn, prompt-major, so that a slow spell of the machine hits
     every run alike (it drifts by tens of percent within minutes).
 
-    prompts: data set -> ``lookahead.datasets.Prompt`` list. runs: data set -> label ->
+    prompts: data set -> ``lookahead.bench.datasets.Prompt`` list. runs: data set -> label ->
     (method, ``MethodOptions``); each distinct run is warmed up once, on the first prompt.
     ``progress(dataset, prompt)`` is called after each prompt. ``datastore``: a corpus our
     copying methods also copy from.

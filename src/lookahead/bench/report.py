@@ -9,8 +9,8 @@ The results dict (also written as ``results.json``)::
     }
 
 A summary row describes one (method, dtype) on one data set. Its "dtype" names the weights
-a method ran on: a dtype, with "+packed" for packed linear layers (``lookahead.packing``),
-"+stream" for the stream kernel (``lookahead.stream_linear``).
+a method ran on: a dtype, with "+packed" for packed linear layers (``lookahead.kernels.packing``),
+"+stream" for the stream kernel (``lookahead.kernels.stream_linear``).
 
 * ``tokens_per_second``: all new tokens / all seconds (prefill included, as a user waits it);
 * ``speedup``: over HF ``generate`` greedy on the same weights (the baseline);
@@ -35,7 +35,7 @@ from lookahead.bench.methods import BASELINE
 ALL = "all"
 # Appended to a dtype to label packed weights, e.g. "bfloat16+packed".
 PACKED = "+packed"
-STREAM = "+stream"  # the stream kernel (lookahead.stream_linear)
+STREAM = "+stream"  # the stream kernel (lookahead.kernels.stream_linear)
 
 
 def weights_of(setting: str) -> tuple[str, bool | str]:

@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 import transformers
 
-from lookahead import packing
+from lookahead.kernels import packing
 from lookahead.api import check_draft_model
 from lookahead.bench.methods import (
     BASELINE,
@@ -38,10 +38,10 @@ from lookahead.bench.methods import (
 )
 from lookahead.bench.report import PACKED, STREAM, summarise, weights_of
 from lookahead.config import check_int
-from lookahead.datasets import BUNDLED_DATASETS, encode_prompt, load_prompts
-from lookahead.datastore import Datastore, load_datastore
-from lookahead.memory import MEMORY_METHODS, TextMemory
-from lookahead.models import (
+from lookahead.bench.datasets import BUNDLED_DATASETS, encode_prompt, load_prompts
+from lookahead.sources.datastore import Datastore, load_datastore
+from lookahead.sources.memory import MEMORY_METHODS, TextMemory
+from lookahead.models.load import (
     AUTO_DTYPE,
     DEFAULT_MODEL,
     dtype_name,
@@ -68,7 +68,7 @@ class BenchConfig:
         The baseline ``hf`` always runs in ``dtype``; it also runs in each ``baseline_dtypes``
         (with plain weights) so that speed-ups can be given against the fastest plain setting.
     datasets: bundled names ("humaneval", "mtbench", "gsm8k") or JSONL paths.
-    packed_weights: run the methods on a model with packed weights (``lookahead.packing``),
+    packed_weights: run the methods on a model with packed weights (``lookahead.kernels.packing``),
         bfloat16 or float32; None packs in bfloat16 where this CPU can. The setting is then
         labelled e.g. "bfloat16+packed", and ``hf`` runs there too.
     """

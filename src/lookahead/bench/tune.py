@@ -62,9 +62,9 @@ import lookahead
 from lookahead.attention import attention_mask, decoding_attention, mask_to
 from lookahead.cache import cache_keyword, new_cache
 from lookahead.config import LookaheadConfig, check_int, check_step_tokens, check_workload
-from lookahead.datasets import Prompt, encode_prompt, load_prompts, spread
-from lookahead.datastore import Datastore, check_spec, load_datastore
-from lookahead.models import (
+from lookahead.bench.datasets import Prompt, encode_prompt, load_prompts, spread
+from lookahead.sources.datastore import Datastore, check_spec, load_datastore
+from lookahead.models.load import (
     AUTO_DTYPE,
     DEFAULT_MODEL,
     default_cache_dir,
@@ -72,7 +72,7 @@ from lookahead.models import (
     load_model,
     resolve_dtype,
 )
-from lookahead.packing import apply_packing, check_packable_dtype
+from lookahead.kernels.packing import apply_packing, check_packable_dtype
 
 logger = logging.getLogger(__name__)
 
@@ -129,7 +129,7 @@ class TuneConfig:
     predicted faster by more than this fraction (and no slower on any data set, and faster on
     most prompts; see ``choose_shape``). ``workload``: save the
     profile under this name (one kind of text, e.g. "code"), not as the model's general one.
-    ``packed_weights``: tune on packed weights (``lookahead.packing``) as the commands run
+    ``packed_weights``: tune on packed weights (``lookahead.kernels.packing``) as the commands run
     them: True, False, or None where the model allows it. ``datastore``: the shapes also copy
     from this corpus ("stdlib", "python" or a file or folder of text, see ``load_datastore``),
     as the commands run with ``--datastore``: the copies it adds are forward tokens too, and can

@@ -27,8 +27,8 @@ import torch
 
 from lookahead.attention import Branch
 from lookahead.config import LookaheadConfig
-from lookahead.datastore import Datastore
-from lookahead.memory import TextMemory
+from lookahead.sources.datastore import Datastore
+from lookahead.sources.memory import TextMemory
 from lookahead.proposers.base import Proposal, StepOutcome
 from lookahead.proposers.prompt_lookup import CopyLength, find_continuation
 from lookahead.verify import argmax
@@ -206,8 +206,8 @@ class LookaheadProposer:
     """Per-request lookahead state: the Jacobi window and the n-gram pool.
 
     ``memory``: earlier requests' texts, copied from when this text has no match (shared, not
-    per request; see ``lookahead.memory``); ``datastore``: a corpus copied from when neither
-    has one (see ``lookahead.datastore``).
+    per request; see ``lookahead.sources.memory``); ``datastore``: a corpus copied from when neither
+    has one (see ``lookahead.sources.datastore``).
     """
 
     def __init__(

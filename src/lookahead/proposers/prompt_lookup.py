@@ -8,8 +8,8 @@ import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
 from lookahead.config import PromptLookupConfig
-from lookahead.datastore import Datastore
-from lookahead.memory import TextMemory
+from lookahead.sources.datastore import Datastore
+from lookahead.sources.memory import TextMemory
 from lookahead.proposers.base import Proposal, StepOutcome
 
 
@@ -69,8 +69,8 @@ class CopyLength:
 
 class PromptLookupProposer:
     """Proposes one candidate copied from earlier text (prompt and output alike), else from
-    ``memory``, the texts of earlier requests (see ``lookahead.memory``), else from
-    ``datastore``, a corpus (see ``lookahead.datastore``)."""
+    ``memory``, the texts of earlier requests (see ``lookahead.sources.memory``), else from
+    ``datastore``, a corpus (see ``lookahead.sources.datastore``)."""
 
     def __init__(self, config: PromptLookupConfig, memory: TextMemory | None = None,
                  datastore: Datastore | None = None) -> None:

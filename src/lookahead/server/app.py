@@ -35,8 +35,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from lookahead.api import make_decoder
 from lookahead.config import METHODS
-from lookahead.models import chat_prompt
-from lookahead.packing import packing_of
+from lookahead.models.load import chat_prompt
+from lookahead.kernels.packing import packing_of
 from lookahead.server.engine import (
     Engine,
     EngineClosedError,

@@ -36,9 +36,9 @@ from pathlib import Path
 
 import httpx
 
-from lookahead.commands.common import UsageError, int_in
+from lookahead.cli.common import UsageError, int_in
 from lookahead.config import METHODS
-from lookahead.datasets import Prompt, load_prompts
+from lookahead.bench.datasets import Prompt, load_prompts
 
 logger = logging.getLogger(__name__)
 

@@ -7,9 +7,9 @@ import subprocess
 import sys
 import time
 
-from lookahead.commands.common import dtype_name, load_named, set_handler
-from lookahead.models import AUTO_DTYPE
-from lookahead.models import install_model, list_models
+from lookahead.cli.common import dtype_name, load_named, set_handler
+from lookahead.models.load import AUTO_DTYPE
+from lookahead.models.load import install_model, list_models
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

@@ -11,7 +11,7 @@ import json
 import sys
 
 import lookahead
-from lookahead.commands.common import (
+from lookahead.cli.common import (
     TextDelta,
     UsageError,
     add_max_new_tokens,
@@ -21,7 +21,7 @@ from lookahead.commands.common import (
     load,
     set_handler,
 )
-from lookahead.models import chat_prompt
+from lookahead.models.load import chat_prompt
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

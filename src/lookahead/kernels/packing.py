@@ -36,7 +36,7 @@ whole file) can be released: packed, Qwen2.5-Coder-1.5B's process holds 4.1 GB, 
 
 On an AVX-512 CPU without AMX, oneDNN's bfloat16 product is bound by arithmetic for passes of
 a few tokens; ``packed_weights="stream"`` swaps the bfloat16 linears for
-:class:`lookahead.stream_linear.StreamLinear` instead, which sums in float32 (the last bits
+:class:`lookahead.kernels.stream_linear.StreamLinear` instead, which sums in float32 (the last bits
 change, as packed float32's do) at about the cost of one token for up to 8, and under 1.5x
 that for 12.
 
@@ -52,7 +52,7 @@ import logging
 
 import torch
 
-from lookahead.stream_linear import (StreamLinear, fits_stream_kernel, load_stream_kernel,
+from lookahead.kernels.stream_linear import (StreamLinear, fits_stream_kernel, load_stream_kernel,
                                      stream_kernel_problem)
 
 logger = logging.getLogger(__name__)
@@ -61,7 +61,7 @@ logger = logging.getLogger(__name__)
 # measured the layout was the same for 1, 8 and 32, and so was the speed at every size.
 _BATCH_HINT = 1
 
-# ``packed_weights="stream"``: bfloat16 linears on the stream kernel (lookahead.stream_linear).
+# ``packed_weights="stream"``: bfloat16 linears on the stream kernel (lookahead.kernels.stream_linear).
 STREAM = "stream"
 KERNELS = ("onednn", STREAM)
 
@@ -230,7 +230,7 @@ def pack_weights(model: torch.nn.Module, kernel: str = "onednn") -> int:
     bfloat16 or a :class:`WeightFirstLinear` in float32, in place; return how many were
     swapped (0 when already packed). In float32 the sums change in the last bits (see the
     module's docstring). ``kernel="stream"``: bfloat16 layers go to the stream kernel
-    (:class:`lookahead.stream_linear.StreamLinear`; those of a shape it does not take, to
+    (:class:`lookahead.kernels.stream_linear.StreamLinear`; those of a shape it does not take, to
     oneDNN), whose sums change in the last bits too.
 
     Raises:

@@ -1,5 +1,5 @@
 """Argument helpers shared by ``lookahead bench`` and ``lookahead tune`` (on top of
-``lookahead.commands.common``, which every subcommand shares).
+``lookahead.cli.common``, which every subcommand shares).
 
 Parse-time validation lives in ``type=`` functions so that a bad value is reported by argparse
 itself (``lookahead bench: error: argument --methods: ...``, exit status 2).
@@ -12,7 +12,7 @@ import logging
 
 import torch
 
-from lookahead.commands.common import (
+from lookahead.cli.common import (
     DTYPE_HELP,
     add_model_args,
     dtype_name,
@@ -20,8 +20,8 @@ from lookahead.commands.common import (
     workload_arg,
 )
 from lookahead.config import MAX_GUESS, MAX_NGRAM, MAX_WINDOW
-from lookahead.models import AUTO_DTYPE, resolve_dtype
-from lookahead.packing import will_pack
+from lookahead.models.load import AUTO_DTYPE, resolve_dtype
+from lookahead.kernels.packing import will_pack
 
 logger = logging.getLogger(__name__)
 
@@ -92,7 +92,7 @@ def shape_arg(text: str) -> str | tuple[int, int, int]:
 
 
 def add_model_arguments(parser: argparse.ArgumentParser) -> None:
-    """--model, --dtype, --threads (the shared ones of ``lookahead.commands.common``) and
+    """--model, --dtype, --threads (the shared ones of ``lookahead.cli.common``) and
     --cache-dir."""
     add_model_args(parser)
     parser.add_argument("--cache-dir", help="cache root (default ~/.cache/lookahead)")

@@ -14,7 +14,7 @@ from dataclasses import asdict
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from lookahead.bench.args import (
+from lookahead.cli.bench_args import (
     add_model_arguments,
     add_shape_arguments,
     apply_threads,
@@ -28,13 +28,13 @@ from lookahead.bench.methods import METHODS, MethodOptions
 from lookahead.bench.report import markdown_table, write_results
 from lookahead.bench.runner import BenchConfig, run_benchmark
 from lookahead.bench.tune import shape_label, split_cap
-from lookahead.commands.common import (
+from lookahead.cli.common import (
     add_datastore_arg,
     add_max_step_tokens,
     check_packing_dtype,
 )
 from lookahead.config import DraftConfig, LookaheadConfig, PromptLookupConfig
-from lookahead.datastore import check_spec
+from lookahead.sources.datastore import check_spec
 
 logger = logging.getLogger(__name__)
 

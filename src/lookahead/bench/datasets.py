@@ -40,7 +40,7 @@ from typing import Any
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from lookahead.models import chat_prompt
+from lookahead.models.load import chat_prompt
 
 logger = logging.getLogger(__name__)
 

@@ -15,7 +15,7 @@ import sys
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from lookahead.bench.args import (
+from lookahead.cli.bench_args import (
     add_model_arguments,
     apply_threads,
     comma_list,
@@ -24,7 +24,7 @@ from lookahead.bench.args import (
     quiet_loading,
     shape_arg,
 )
-from lookahead.bench.cli import USER_ERRORS
+from lookahead.cli.bench import USER_ERRORS
 from lookahead.bench.tune import (
     DEFAULT_DATASETS,
     DEFAULT_LOOKUP_TOKENS,
@@ -41,7 +41,7 @@ from lookahead.bench.tune import (
     tune,
     versus_default,
 )
-from lookahead.commands.common import (
+from lookahead.cli.common import (
     add_datastore_arg,
     check_packing_dtype,
     float_in,

@@ -18,13 +18,13 @@ from lookahead import __version__
 
 # Modules that register subcommands, in the order ``--help`` lists them.
 SUBCOMMAND_MODULES: tuple[str, ...] = (
-    "lookahead.commands.demo",
-    "lookahead.commands.generate",
-    "lookahead.commands.chat",
-    "lookahead.commands.install_model",
-    "lookahead.bench.cli",
-    "lookahead.bench.tune_cli",
-    "lookahead.server.cli",
+    "lookahead.cli.demo",
+    "lookahead.cli.generate",
+    "lookahead.cli.chat",
+    "lookahead.cli.install",
+    "lookahead.cli.bench",
+    "lookahead.cli.tune",
+    "lookahead.cli.serve",
 )
 
 

@@ -15,7 +15,7 @@ import time
 from collections.abc import Iterator
 
 from lookahead.api import check_draft_model, resolve_auto_shape
-from lookahead.commands.common import (
+from lookahead.cli.common import (
     UsageError,
     add_method_args,
     add_model_args,
@@ -25,7 +25,7 @@ from lookahead.commands.common import (
     load_named,
     set_handler,
 )
-from lookahead.memory import DEFAULT_CAPACITY, TextMemory
+from lookahead.sources.memory import DEFAULT_CAPACITY, TextMemory
 
 logger = logging.getLogger(__name__)
 

@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from rich.console import Console
 
 import lookahead
-from lookahead.commands.common import (
+from lookahead.cli.common import (
     TextDelta,
     add_max_new_tokens,
     add_method_args,
@@ -28,7 +28,7 @@ from lookahead.commands.common import (
     set_handler,
     stats_line,
 )
-from lookahead.models import chat_prompt
+from lookahead.models.load import chat_prompt
 
 PROMPT = "[bold green]>>>[/] "
 MULTI_TOKEN_STYLE = "blue"

@@ -25,7 +25,7 @@ from typing import Any, NamedTuple
 
 import torch
 
-from lookahead import packing
+from lookahead.kernels import packing
 from lookahead.api import METHOD_OPTIONS, check_draft_model
 from lookahead.config import (
     MAX_DRAFT_TOKENS,
@@ -35,16 +35,16 @@ from lookahead.config import (
     METHODS,
     check_workload,
 )
-from lookahead.datastore import check_spec, load_datastore
-from lookahead.memory import MEMORY_METHODS
-from lookahead.models import (
+from lookahead.sources.datastore import check_spec, load_datastore
+from lookahead.sources.memory import MEMORY_METHODS
+from lookahead.models.load import (
     AUTO_DTYPE,
     DEFAULT_MODEL,
     ModelNotAvailableError,
     load_model,
     resolve_dtype,
 )
-from lookahead.models import dtype_name as canonical_dtype_name
+from lookahead.models.load import dtype_name as canonical_dtype_name
 from lookahead.stats import GenerationStats
 
 logger = logging.getLogger(__name__)
@@ -144,7 +144,7 @@ DTYPE_HELP = (
 
 def dtype_name(text: str) -> str:
     """An argparse ``type``: a dtype alias ("bf16") -> its canonical name ("bfloat16"); "auto"
-    -> this machine's choice (``lookahead.models.preferred_dtype``)."""
+    -> this machine's choice (``lookahead.models.load.preferred_dtype``)."""
     try:
         return canonical_dtype_name(text)
     except ValueError as error:
@@ -471,7 +471,7 @@ def load_named(option: str, name: str, dtype: str, packed: bool | str | None = F
 
 
 def apply_packing(model: Any, packed: bool | str | None) -> bool | str:
-    """``lookahead.packing.apply_packing``; a model that cannot be packed when
+    """``lookahead.kernels.packing.apply_packing``; a model that cannot be packed when
     ``--packed-weights`` (or ``--stream-kernel``) asks for it is a ``UsageError`` naming the
     flag."""
     problem = packing.packing_problem(model, packed) if packed else None

@@ -56,8 +56,8 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
-from lookahead.grouped_attention import use_grouped_attention
-from lookahead.packing import check_packable_dtype, kernel_for, pack_weights
+from lookahead.kernels.grouped_attention import use_grouped_attention
+from lookahead.kernels.packing import check_packable_dtype, kernel_for, pack_weights
 
 logger = logging.getLogger(__name__)
 
@@ -296,13 +296,13 @@ def load_model(
         cache_dir: cache root for assembled and de-quantised GGUF models
             (default :func:`default_cache_dir`).
         grouped_attention: switch a model on transformers' SDPA attention to
-            ``lookahead.grouped_attention.grouped_sdpa``, the same attention without copying
+            ``lookahead.kernels.grouped_attention.grouped_sdpa``, the same attention without copying
             the cache in steps of several tokens (see that module); False keeps "sdpa".
         packed_weights: swap the linear layers for faster ones on a CPU
-            (:func:`lookahead.packing.pack_weights`): in bfloat16 weights laid out once for
+            (:func:`lookahead.kernels.packing.pack_weights`): in bfloat16 weights laid out once for
             oneDNN, with the same sums; in float32 products taken weight first, with
             sums that differ in the last bits. ``"stream"``: bfloat16 linears on the stream
-            kernel (:mod:`lookahead.stream_linear`), summed in float32: faster for passes of
+            kernel (:mod:`lookahead.kernels.stream_linear`), summed in float32: faster for passes of
             a few tokens on an AVX-512 CPU without AMX, and the sums differ in the last bits.
 
     Raises:

@@ -15,7 +15,7 @@ from rich.panel import Panel
 from rich.table import Table
 
 import lookahead
-from lookahead.commands.common import (
+from lookahead.cli.common import (
     WINDOW_HELP,
     add_max_new_tokens,
     add_model_args,
@@ -26,8 +26,8 @@ from lookahead.commands.common import (
     window_arg,
 )
 from lookahead.config import MAX_GUESS, MAX_NGRAM
-from lookahead.models import resolve_dtype
-from lookahead.packing import is_packed
+from lookahead.models.load import resolve_dtype
+from lookahead.kernels.packing import is_packed
 
 # The start of a small Python class, to be continued: code repeats names and whole phrases
 # ("self.x", "other.x", a sibling class), which is where the n-gram pool of lookahead decoding

@@ -1,0 +1,1 @@
+"""The ``lookahead`` command: ``main`` builds the parser, one module per subcommand."""

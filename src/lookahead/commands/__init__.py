@@ -1,1 +1,0 @@
-"""The ``lookahead`` subcommands, one module each; ``common`` holds the options they share."""

@@ -1,0 +1,1 @@
+"""Loading a model: bundled names, Hugging Face ids, local folders and ``.gguf`` files."""

@@ -31,15 +31,15 @@ import sys
 
 from lookahead.cli.bench_args import add_comparison_arguments, apply_threads, quiet_loading
 from lookahead.bench.methods import MethodOptions, agreeing, measure_in_turn, total
-from lookahead.bench.tune import (
+from lookahead.profiles import (
     DEFAULT_SHAPE,
     DEFAULT_TOKEN_COST,
     load_profile,
     resolve_shape,
     split_cap,
 )
-from lookahead.bench.tune import shape_label as shape_name
-from lookahead.cli.common import add_datastore_arg
+from lookahead.profiles import shape_label as shape_name
+from lookahead.cli.options import add_datastore_arg
 from lookahead.config import LookaheadConfig
 from lookahead.sources.datastore import check_spec, load_datastore
 from lookahead.bench.datasets import Prompt, load_prompts, spread

@@ -19,7 +19,7 @@ import sys
 
 from lookahead.cli.bench_args import add_comparison_arguments, apply_threads, quiet_loading
 from lookahead.bench.methods import MethodOptions, measure_in_turn, total
-from lookahead.bench.tune import resolve_shape, split_cap
+from lookahead.profiles import resolve_shape, split_cap
 from lookahead.config import LookaheadConfig
 from lookahead.bench.datasets import load_prompts
 from lookahead.models.load import load_model

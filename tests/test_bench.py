@@ -18,27 +18,30 @@ from lookahead.bench.methods import METHODS, _our_options
 from lookahead.bench.report import markdown_table, summarise
 from lookahead.bench.runner import BenchConfig
 from lookahead.bench.tune import (
-    DEFAULT_SHAPE,
-    SHAPE_KEYS,
     TuneConfig,
     choose_shape,
     cost_at,
     fastest_curve,
-    load_profile,
     monotone,
     predict,
-    profile_path,
     reprice,
-    resolve_shape,
-    saved_profile_path,
     scaled_costs,
     step_overhead_of,
     token_cost_of,
     versus_default,
 )
+from lookahead.profiles import (
+    DEFAULT_SHAPE,
+    SHAPE_KEYS,
+    load_profile,
+    profile_path,
+    resolve_shape,
+    saved_profile_path,
+)
 from lookahead.cli.main import build_parser, main
 from lookahead.config import LookaheadConfig
-from lookahead.cli.common import UsageError, method_options
+from lookahead.cli.options import method_options
+from lookahead.argtypes import UsageError
 
 # A small vocabulary makes a random model repeat itself, so proposers get accepted.
 WORDS = ["<unk>", "<s>", "</s>", "def", "f", "(", ")", ":", "return", "x", "+", "1", "a", "b"]
@@ -686,6 +689,26 @@ def test_window_auto_takes_the_tuned_shape_of_this_model(tiny, tmp_path, monkeyp
     assert shape() == default  # tuned on packed weights, and this model's are plain
 
 
+def test_the_stats_name_the_profile_that_chose_the_shape(tiny, tmp_path, monkeypatch) -> None:
+    # A call without a window reads a file outside the call: its stats must say which.
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / ".cache"))
+    model, _ = lookahead.load_model(tiny["model"], dtype="float64")
+    ids = torch.tensor([[5, 6, 7, 5, 6]])
+
+    def source(method="lookahead", **options):
+        return lookahead.generate(model, ids, 3, method, **options).stats.shape_source
+
+    assert source() == "default"
+    assert source(window=2) == "given"
+    assert source("prompt_lookup") is None
+    path = profile_path(model.name_or_path, "float64")
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({"best": {"window": 3, "ngram": 4, "guess": 6}}))
+    assert source() == str(path) == source(window="auto")
+    assert lookahead.generate(model, ids, 3).stats.as_dict()["shape_source"] == str(path)
+
+
 def test_cli_lookahead_without_a_window_asks_for_auto() -> None:
     args = build_parser().parse_args(["generate", "--model", "m", "hi"])
     assert method_options(args) == {"window": "auto"}
@@ -853,7 +876,7 @@ def test_a_cuda_model_gets_the_gpu_default_shape_untuned(tmp_path) -> None:
     """Untuned, a model on CUDA gets the paper's W15 N5 G15 with its window at every step (a
     GPU step's tokens come nearly free), a CPU model the CPU default; options given win."""
     from lookahead.api import resolve_auto_shape
-    from lookahead.bench.tune import GPU_DEFAULT_SHAPE
+    from lookahead.profiles import GPU_DEFAULT_SHAPE
 
     assert resolve_shape("m", "bfloat16", cache_dir=tmp_path, device="cuda") == dict(
         window=15, ngram=5, guess=15, token_cost=0.0)

@@ -29,7 +29,9 @@ import lookahead
 from lookahead.cli.main import build_parser, main
 from lookahead.cli.bench import config_from_args
 from lookahead.bench.methods import _our_options
-from lookahead.cli.common import TextDelta, UsageError, method_options
+from lookahead.cli.loading import TextDelta
+from lookahead.cli.options import method_options
+from lookahead.argtypes import UsageError
 from lookahead.kernels.packing import cpu_packing_problem
 from lookahead.models.load import chat_prompt
 from lookahead.server.detokenize import Detokenizer
@@ -234,7 +236,7 @@ def test_max_step_tokens_reaches_generate_and_bench_and_not_plain_decoding() -> 
 
 def test_copy_length_flags_reach_the_method_options() -> None:
     from lookahead.cli.main import build_parser
-    from lookahead.cli.common import method_options
+    from lookahead.cli.options import method_options
 
     argv = ["generate", "--model", "m", "--lookup-tokens", "4", "--lookup-max-tokens", "0", "hi"]
     assert method_options(build_parser().parse_args(argv)) == {
@@ -262,7 +264,7 @@ def test_datastore_is_checked_before_loading(capsys, monkeypatch, command, argv,
     def no_loading(*args, **kwargs):
         raise AssertionError("the model was loaded before --datastore was checked")
 
-    monkeypatch.setattr("lookahead.cli.common.load_model", no_loading)
+    monkeypatch.setattr("lookahead.cli.loading.load_model", no_loading)
     with pytest.raises(SystemExit) as info:
         main([command[0], "--model", "some-model", *argv, *command[1:]])
     assert info.value.code == 2

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 import lookahead
 from lookahead.kernels import packing
-from lookahead.bench.tune import load_profile, profile_path
+from lookahead.profiles import load_profile, profile_path
 from lookahead.cli.main import main
 from lookahead.kernels.packing import PackedLinear, StreamLinear, pack_weights, packing_of
 from lookahead.kernels.stream_linear import stream_kernel_problem

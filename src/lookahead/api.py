@@ -22,6 +22,7 @@ from lookahead.sources.datastore import Datastore
 from lookahead.decode import Decoder
 from lookahead.sources.memory import TextMemory
 from lookahead.kernels.packing import packing_of
+from lookahead.profiles import find_shape
 from lookahead.proposers.base import NoProposer, Proposer
 from lookahead.proposers.draft import DraftProposer
 from lookahead.proposers.lookahead import LookaheadProposer
@@ -29,6 +30,9 @@ from lookahead.proposers.prompt_lookup import PromptLookupProposer
 from lookahead.stats import GenerationStats
 
 logger = logging.getLogger(__name__)
+
+# ``GenerationStats.shape_source`` of a lookahead call that gave its window.
+GIVEN_SOURCE = "given"
 
 # The options each method accepts besides the common arguments (read-only).
 METHOD_OPTIONS = MappingProxyType({
@@ -127,13 +131,14 @@ def make_decoder(model, input_ids, max_new_tokens, method, **options) -> Decoder
             generator.seed()
         else:
             generator.manual_seed(sampling.seed)
+    shape_source = None
     if method == "lookahead":
-        options = resolve_auto_shape(model, options)
+        options, shape_source = auto_shape(model, options)
     memory = _check_memory(options.pop("memory", None))
     step_tokens = check_step_tokens(options.pop("max_step_tokens", None))
     datastore = _check_datastore(options.pop("datastore", None))
     proposer = make_proposer(model, method, options, sampling, generator, memory, datastore)
-    return Decoder(
+    decoder = Decoder(
         model,
         input_ids,
         proposer,
@@ -145,18 +150,26 @@ def make_decoder(model, input_ids, max_new_tokens, method, **options) -> Decoder
         memory=memory,
         step_tokens=step_tokens,
     )
+    decoder.stats.shape_source = shape_source
+    return decoder
 
 
 def resolve_auto_shape(model, options: dict) -> dict:
+    """``auto_shape``'s options alone."""
+    return auto_shape(model, options)[0]
+
+
+def auto_shape(model, options: dict) -> tuple[dict, str]:
     """Lookahead ``options`` with no ``window``, or ``window="auto"``, given this machine's
-    tuned shape.
+    tuned shape, and where the shape came from.
 
     The shape comes from the profile ``lookahead tune`` saved for the model (by its
     ``name_or_path``: a bundled name, a folder or a hub id), dtype and device -- the profile of
     ``options["workload"]`` if that is given and saved -- else the default shape; ``ngram``,
     ``guess`` and ``max_step_tokens`` given beside it are kept (a profile's shape can bring a
     step cap of its own, which one given here replaces). An explicit int ``window`` keeps the
-    shape as given.
+    shape as given. The source is the profile's path, ``profiles.DEFAULT_SOURCE`` ("default")
+    or ``GIVEN_SOURCE`` ("given", the caller's window).
     """
     options = dict(options)
     workload = options.pop("workload", None)
@@ -166,14 +179,11 @@ def resolve_auto_shape(model, options: dict) -> dict:
         if workload is not None:
             raise ValueError(f"workload={workload!r} chooses a tuned shape: it needs "
                              f"window='auto', not window={options.get('window')!r}")
-        return options
-    # The tuner's module owns the profiles (imported here: it imports this module).
-    from lookahead.bench.tune import resolve_shape
-
-    shape = resolve_shape(model.name_or_path, model.dtype, device=model.device.type,
-                          workload=workload, packed=packing_of(model))
-    logger.info("window='auto': the shape %s for %s", shape, model.name_or_path)
-    return {**shape, **{k: v for k, v in options.items() if k != "window"}}
+        return options, GIVEN_SOURCE
+    shape, source = find_shape(model.name_or_path, model.dtype, device=model.device.type,
+                               workload=workload, packed=packing_of(model))
+    logger.info("window='auto': the shape %s for %s from %s", shape, model.name_or_path, source)
+    return {**shape, **{k: v for k, v in options.items() if k != "window"}}, source
 
 
 def make_proposer(

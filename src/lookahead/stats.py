@@ -14,6 +14,9 @@ class GenerationStats:
     bonus token excluded), ``proposed_per_step[i]`` the tokens it proposed (the candidate
     tree's nodes) and ``forward_tokens_per_step[i]`` the tokens fed to that forward pass.
     ``accepted_per_position[k]`` counts the steps that accepted at least k + 1 tokens.
+    ``shape_source`` (lookahead only, else None): what chose the window, ngram and guess --
+    the tuning profile's path, "default" (no profile: the untuned shape) or "given" (the
+    caller's window).
     """
 
     method: str
@@ -26,6 +29,7 @@ class GenerationStats:
     proposed_per_step: list[int] = field(default_factory=list)
     forward_tokens_per_step: list[int] = field(default_factory=list)
     accepted_per_position: list[int] = field(default_factory=list)
+    shape_source: str | None = None
 
     def record_step(self, forward_tokens: int, proposed: int, accepted: int) -> None:
         """Count one forward pass that proposed ``proposed`` tokens and accepted ``accepted``."""

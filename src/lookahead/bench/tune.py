@@ -44,7 +44,6 @@ from __future__ import annotations
 import bisect
 import json
 import logging
-import re
 import statistics
 import time
 from collections import Counter
@@ -52,7 +51,6 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from types import MappingProxyType
 
 import numpy as np
 import torch
@@ -61,40 +59,31 @@ import transformers
 import lookahead
 from lookahead.attention import attention_mask, decoding_attention, mask_to
 from lookahead.cache import cache_keyword, new_cache
-from lookahead.config import LookaheadConfig, check_int, check_step_tokens, check_workload
+from lookahead.config import LookaheadConfig, check_int, check_workload
 from lookahead.bench.datasets import Prompt, encode_prompt, load_prompts, spread
 from lookahead.sources.datastore import Datastore, check_spec, load_datastore
 from lookahead.models.load import (
     AUTO_DTYPE,
     DEFAULT_MODEL,
-    default_cache_dir,
     dtype_name,
     load_model,
     resolve_dtype,
 )
 from lookahead.kernels.packing import apply_packing, check_packable_dtype
+from lookahead.profiles import (
+    DEFAULT_LOOKUP_TOKENS,
+    DEFAULT_SHAPE,
+    DEFAULT_TOKEN_COST,
+    PROFILE_VERSION,
+    STEP_KEY,
+    saved_profile_path,
+    shape_dict,
+    shape_label,
+    shape_of,
+)
 
 logger = logging.getLogger(__name__)
 
-_DEFAULTS = LookaheadConfig()
-DEFAULT_SHAPE: Mapping[str, int] = MappingProxyType(
-    dict(window=_DEFAULTS.window, ngram=_DEFAULTS.ngram, guess=_DEFAULTS.guess)
-)
-# On a GPU the tokens of a step come nearly free: on an H200, with a 7B Llama in bf16, a pass
-# of 256 new tokens cost at most 1.06x a pass of one, and a whole W15 N5 G15 step 1.07x a
-# plain step (docs/results/gpu-h200-s33). Untuned, a CUDA model gets the paper's shape for 7B
-# models on an A100, its window at every step (token_cost 0), as the paper runs it.
-GPU_DEFAULT_SHAPE: Mapping[str, float] = MappingProxyType(
-    dict(window=15, ngram=5, guess=15, token_cost=0.0)
-)
-DEFAULT_LOOKUP_TOKENS = _DEFAULTS.lookup_tokens
-DEFAULT_TOKEN_COST = _DEFAULTS.token_cost  # the shipped price: what an untuned run cuts at
-# What a profile's best shape holds: (W, N, G), and the length of the copied continuation
-# that lookahead verifies beside its pool's n-grams (a 4th number in a shape tuple).
-SHAPE_KEYS = ("window", "ngram", "guess", "lookup_tokens")
-# A profile's best may also cap the tokens a step feeds (``lookahead.generate``'s
-# ``max_step_tokens``): a decoding option, not a ``LookaheadConfig`` field.
-STEP_KEY = "max_step_tokens"
 DEFAULT_TOKENS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96)
 # On a CPU a forward of 8-16 tokens costs little more than one, while 64 costs two to three
 # times as much (without AMX the curve is steeper still): the set is dense in small windows
@@ -113,7 +102,6 @@ DEFAULT_SHAPES = (
 SELECT = ("predicted", "measured")
 SAMPLES = ("spread", "first")
 DEFAULT_DATASETS = "humaneval,mtbench,gsm8k"
-PROFILE_VERSION = 1
 
 # Called with (done, total, description) as the tuner goes.
 Progress = Callable[[int, int, str], None]
@@ -640,22 +628,6 @@ def versus_default(row: Mapping, default: Mapping) -> Versus | None:
     )
 
 
-def shape_of(row: Mapping) -> dict[str, float]:
-    """The ``lookahead.generate`` keywords of a profile's ``best`` or a tuning row: (W, N, G),
-    which must be there (else KeyError), and the lookup length, token cost and step cap
-    (``max_step_tokens``) where given."""
-    shape = {key: row[key] for key in SHAPE_KEYS[:3]}
-    optional = (*SHAPE_KEYS[3:], "token_cost", STEP_KEY)
-    return shape | {key: row[key] for key in optional if row.get(key) is not None}
-
-
-def split_cap(shape: Mapping) -> tuple[dict, int | None]:
-    """``shape`` (``shape_of``'s keywords) as its ``LookaheadConfig`` fields and its step cap
-    (``max_step_tokens``, None where it has none)."""
-    fields = dict(shape)
-    return fields, check_step_tokens(fields.pop(STEP_KEY, None))
-
-
 def _is_default(row: Mapping) -> bool:
     """Whether a shape or tuning row is the default shape at the shipped token cost, with
     no step cap."""
@@ -664,23 +636,6 @@ def _is_default(row: Mapping) -> bool:
     ) and row.get("token_cost", DEFAULT_TOKEN_COST) == DEFAULT_TOKEN_COST and (
         row.get(STEP_KEY) is None
     )
-
-
-def shape_dict(shape) -> dict[str, int]:
-    """``(W, N, G)`` or ``(W, N, G, lookup_tokens)`` as ``lookahead.generate`` keywords; the
-    lookup length is the default's when left out."""
-    return dict(zip(SHAPE_KEYS, (*shape, DEFAULT_LOOKUP_TOKENS)[:4], strict=True))
-
-
-def shape_label(shape, cap: int | None = None) -> str:
-    """The label "W=2 N=5 G=4", with " L=16" where the lookup length is not the default's and
-    " T=6" where a step feeds at most 6 tokens (``cap``, or the shape's ``max_step_tokens``)."""
-    options = shape_dict(shape) if not isinstance(shape, Mapping) else shape
-    label = "W={window} N={ngram} G={guess}".format(**options)
-    lookup = options.get("lookup_tokens", DEFAULT_LOOKUP_TOKENS)
-    label += f" L={lookup}" if lookup != DEFAULT_LOOKUP_TOKENS else ""
-    cap = cap if cap is not None else options.get(STEP_KEY)
-    return label + (f" T={cap}" if cap is not None else "")
 
 
 def _no_set_slower(row: dict, default: dict) -> bool:
@@ -698,46 +653,6 @@ def _report(progress: Progress | None, done: int, total: int, description: str) 
         progress(done, total, description)
 
 
-# ----------------------------------------------------------------------------- profiles
-
-
-def _measured_alike(profile: dict | None, packed: bool | str | None) -> dict | None:
-    """``profile``, or None where its curve was measured on weights packed otherwise than
-    ``packed`` (None: not known, any will do). Packed float32 makes a pass of 8 tokens cost
-    1.75-1.9x one on an AVX2 CPU, plain float32 about 2x at 2 tokens and no more up to 16,
-    the stream kernel about 1.25x: each has its own best shape."""
-    recorded = None if profile is None else profile.get("packed_weights")
-    if packed is None or recorded is None or recorded == packed:
-        return profile
-    logger.info("passing over the tuning profile of %s: measured on %s weights, these are %s",
-                profile.get("model"), *(_packing_label(p) for p in (recorded, packed)))
-    return None
-
-
-def _packing_label(packed: bool | str) -> str:
-    """"plain", "packed" or "stream": how a profile's file and messages name its weights."""
-    return packed if isinstance(packed, str) else "packed" if packed else "plain"
-
-
-def profile_path(model_name: str, dtype, device: str = "cpu", cache_dir=None,
-                 workload: str | None = None, packed: bool | str = False) -> Path:
-    """``<cache_dir>/profiles/<model>-<dtype>[-packed|-stream]-<device>[-<workload>].json``;
-    the model name made file-safe. Plain, packed and stream-kernel weights have a profile
-    each: their curves differ."""
-    root = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
-    safe = re.sub(r"[^A-Za-z0-9._-]+", "_", str(model_name)).strip("_.") or "model"
-    packing = f"-{_packing_label(packed)}" if packed else ""
-    suffix = f"-{check_workload(workload)}" if workload is not None else ""
-    return root / "profiles" / f"{safe}-{dtype_name(dtype)}{packing}-{device}{suffix}.json"
-
-
-def saved_profile_path(profile: dict, cache_dir=None) -> Path:
-    """Where :func:`save_profile` writes ``profile``: named by its model, dtype, packing,
-    device and workload."""
-    return profile_path(profile["model"], profile["dtype"], profile["device"], cache_dir,
-                        profile.get("workload"), profile.get("packed_weights") or False)
-
-
 def save_profile(profile: dict, cache_dir=None) -> Path:
     """Write the profile JSON (atomically) and a PNG of its curve beside it; return the JSON."""
     from lookahead.bench.plots import plot_cost_curve
@@ -752,63 +667,3 @@ def save_profile(profile: dict, cache_dir=None) -> Path:
     return path
 
 
-def load_profile(model_name: str, dtype, cache_dir=None, device: str = "cpu",
-                 workload: str | None = None, packed: bool | str | None = None) -> dict | None:
-    """The saved profile of ``model_name`` in ``dtype`` on ``device`` (for ``workload``, if
-    named: that one only) measured on weights packed as ``packed`` says, or None.
-
-    ``packed=None`` (not known) takes the plain weights' profile, else the packed one. A profile
-    saved before packed weights had a file of their own is read for the packing it records. A
-    profile that cannot be read, or whose best shape is invalid, is ignored with a warning.
-    """
-    candidates = ((False, True) if packed is None else (packed,) if isinstance(packed, str)
-                  else (True, False) if packed else (False,))
-    for candidate in candidates:
-        path = profile_path(model_name, dtype, device, cache_dir, workload, candidate)
-        profile = _measured_alike(_read_profile(path), packed)
-        if profile is not None:
-            return profile
-    return None
-
-
-def _read_profile(path: Path) -> dict | None:
-    """The profile JSON at ``path`` if it exists and names a valid best shape, else None."""
-    if not path.is_file():
-        return None
-    try:
-        profile = json.loads(path.read_text(encoding="utf-8"))
-        fields, _ = split_cap(shape_of(profile["best"]))
-        LookaheadConfig(**fields)
-    except (OSError, ValueError, TypeError, KeyError) as error:
-        logger.warning("ignoring the unreadable tuning profile %s (%s)", path, error)
-        return None
-    return profile
-
-
-def resolve_shape(model_name: str, dtype, cache_dir=None, device: str = "cpu",
-                  workload: str | None = None, packed: bool | str | None = None
-                  ) -> dict[str, float]:
-    """``dict(window=, ngram=, guess=[, lookup_tokens=, token_cost=, max_step_tokens=])``: the
-    tuned best for this model, dtype and device (from the ``workload`` profile if one is named
-    and saved, else the general one), else ``default_shape(device)``. Run ``lookahead tune
-    --model NAME --dtype DTYPE [--workload W]`` to create a profile. ``packed``: whether the
-    weights are packed (None: not known); only a profile measured on weights packed alike is
-    taken."""
-    profile = None
-    if workload is not None:
-        profile = load_profile(model_name, dtype, cache_dir, device, workload, packed)
-        if profile is None:
-            logger.info("no %r tuning profile for %s; trying the general one", workload,
-                        model_name)
-    if profile is None:
-        profile = load_profile(model_name, dtype, cache_dir, device, packed=packed)
-    if profile is None:
-        logger.info("no tuning profile for %s (%s); using the default shape", model_name, dtype)
-        return default_shape(device)
-    return shape_of(profile["best"])
-
-
-def default_shape(device: str) -> dict[str, float]:
-    """The untuned shape on a device type: ``GPU_DEFAULT_SHAPE`` on CUDA, else
-    ``DEFAULT_SHAPE`` (whose window runs while it pays at the shipped token cost)."""
-    return dict(GPU_DEFAULT_SHAPE if device == "cuda" else DEFAULT_SHAPE)

@@ -27,12 +27,9 @@ from lookahead.cli.bench_args import (
 from lookahead.bench.methods import METHODS, MethodOptions
 from lookahead.bench.report import markdown_table, write_results
 from lookahead.bench.runner import BenchConfig, run_benchmark
-from lookahead.bench.tune import shape_label, split_cap
-from lookahead.cli.common import (
-    add_datastore_arg,
-    add_max_step_tokens,
-    check_packing_dtype,
-)
+from lookahead.profiles import shape_label, split_cap
+from lookahead.cli.loading import check_packing_dtype
+from lookahead.cli.options import add_datastore_arg, add_max_step_tokens
 from lookahead.config import DraftConfig, LookaheadConfig, PromptLookupConfig
 from lookahead.sources.datastore import check_spec
 

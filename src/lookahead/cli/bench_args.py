@@ -1,5 +1,5 @@
 """Argument helpers shared by ``lookahead bench`` and ``lookahead tune`` (on top of
-``lookahead.cli.common``, which every subcommand shares).
+``lookahead.cli.options``, which every subcommand shares).
 
 Parse-time validation lives in ``type=`` functions so that a bad value is reported by argparse
 itself (``lookahead bench: error: argument --methods: ...``, exit status 2).
@@ -12,13 +12,8 @@ import logging
 
 import torch
 
-from lookahead.cli.common import (
-    DTYPE_HELP,
-    add_model_args,
-    dtype_name,
-    int_in,
-    workload_arg,
-)
+from lookahead.cli.options import DTYPE_HELP, add_model_args, dtype_name, workload_arg
+from lookahead.argtypes import int_in
 from lookahead.config import MAX_GUESS, MAX_NGRAM, MAX_WINDOW
 from lookahead.models.load import AUTO_DTYPE, resolve_dtype
 from lookahead.kernels.packing import will_pack
@@ -92,7 +87,7 @@ def shape_arg(text: str) -> str | tuple[int, int, int]:
 
 
 def add_model_arguments(parser: argparse.ArgumentParser) -> None:
-    """--model, --dtype, --threads (the shared ones of ``lookahead.cli.common``) and
+    """--model, --dtype, --threads (the shared ones of ``lookahead.cli.options``) and
     --cache-dir."""
     add_model_args(parser)
     parser.add_argument("--cache-dir", help="cache root (default ~/.cache/lookahead)")
@@ -137,7 +132,7 @@ def shape_from_args(args: argparse.Namespace) -> dict[str, int]:
     Returns ``dict(window=, ngram=, guess=)`` (and ``lookup_tokens`` when the saved profile or
     --lookup-tokens gives one); validated later by ``LookaheadConfig``.
     """
-    from lookahead.bench.tune import resolve_shape
+    from lookahead.profiles import resolve_shape
 
     if args.shape in (None, "auto"):
         packed = will_pack(resolve_dtype(args.dtype), args.packed_weights)

@@ -19,15 +19,8 @@ from collections.abc import Iterator
 from rich.console import Console
 
 import lookahead
-from lookahead.cli.common import (
-    TextDelta,
-    add_max_new_tokens,
-    add_method_args,
-    add_model_args,
-    load,
-    set_handler,
-    stats_line,
-)
+from lookahead.cli.loading import TextDelta, load, set_handler, stats_line
+from lookahead.cli.options import add_max_new_tokens, add_method_args, add_model_args
 from lookahead.models.load import chat_prompt
 
 PROMPT = "[bold green]>>>[/] "

@@ -15,16 +15,9 @@ from rich.panel import Panel
 from rich.table import Table
 
 import lookahead
-from lookahead.cli.common import (
-    WINDOW_HELP,
-    add_max_new_tokens,
-    add_model_args,
-    encode_text,
-    int_in,
-    load,
-    set_handler,
-    window_arg,
-)
+from lookahead.cli.loading import encode_text, load, set_handler
+from lookahead.cli.options import WINDOW_HELP, add_max_new_tokens, add_model_args, window_arg
+from lookahead.argtypes import int_in
 from lookahead.config import MAX_GUESS, MAX_NGRAM
 from lookahead.models.load import resolve_dtype
 from lookahead.kernels.packing import is_packed

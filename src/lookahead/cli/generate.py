@@ -11,16 +11,9 @@ import json
 import sys
 
 import lookahead
-from lookahead.cli.common import (
-    TextDelta,
-    UsageError,
-    add_max_new_tokens,
-    add_method_args,
-    add_model_args,
-    encode_text,
-    load,
-    set_handler,
-)
+from lookahead.cli.loading import TextDelta, encode_text, load, set_handler
+from lookahead.cli.options import add_max_new_tokens, add_method_args, add_model_args
+from lookahead.argtypes import UsageError
 from lookahead.models.load import chat_prompt
 
 

@@ -7,7 +7,8 @@ import subprocess
 import sys
 import time
 
-from lookahead.cli.common import dtype_name, load_named, set_handler
+from lookahead.cli.loading import load_named, set_handler
+from lookahead.cli.options import dtype_name
 from lookahead.models.load import AUTO_DTYPE
 from lookahead.models.load import install_model, list_models
 

@@ -15,16 +15,9 @@ import time
 from collections.abc import Iterator
 
 from lookahead.api import check_draft_model, resolve_auto_shape
-from lookahead.cli.common import (
-    UsageError,
-    add_method_args,
-    add_model_args,
-    check_copying_method,
-    int_in,
-    load,
-    load_named,
-    set_handler,
-)
+from lookahead.cli.loading import load, load_named, set_handler
+from lookahead.cli.options import add_method_args, add_model_args, check_copying_method
+from lookahead.argtypes import UsageError, int_in
 from lookahead.sources.memory import DEFAULT_CAPACITY, TextMemory
 
 logger = logging.getLogger(__name__)

@@ -27,27 +27,25 @@ from lookahead.cli.bench_args import (
 from lookahead.cli.bench import USER_ERRORS
 from lookahead.bench.tune import (
     DEFAULT_DATASETS,
-    DEFAULT_LOOKUP_TOKENS,
     DEFAULT_SHAPES,
     DEFAULT_TOKENS,
-    DEFAULT_TOKEN_COST,
     SAMPLES,
     SELECT,
-    STEP_KEY,
     TuneConfig,
     default_row,
-    saved_profile_path,
-    shape_label,
     tune,
     versus_default,
 )
-from lookahead.cli.common import (
-    add_datastore_arg,
-    check_packing_dtype,
-    float_in,
-    int_in,
-    workload_arg,
+from lookahead.profiles import (
+    DEFAULT_LOOKUP_TOKENS,
+    DEFAULT_TOKEN_COST,
+    STEP_KEY,
+    saved_profile_path,
+    shape_label,
 )
+from lookahead.cli.loading import check_packing_dtype
+from lookahead.cli.options import add_datastore_arg, workload_arg
+from lookahead.argtypes import float_in, int_in
 from lookahead.config import MAX_DRAFT_TOKENS
 
 logger = logging.getLogger(__name__)

@@ -36,7 +36,7 @@ from pathlib import Path
 
 import httpx
 
-from lookahead.cli.common import UsageError, int_in
+from lookahead.argtypes import UsageError, int_in
 from lookahead.config import METHODS
 from lookahead.bench.datasets import Prompt, load_prompts
 

@@ -1,17 +1,12 @@
-"""What the subcommands share: model, method and sampling options, loading, streamed text.
+"""The flags the subcommands share: model, method and sampling options, and their checks.
 
 A subcommand module adds its parser, then::
 
     add_model_args(parser)                   # --model --dtype --threads --[no-]packed-weights
     add_method_args(parser)                  # --method, each method's shape, --sample ...
-    set_handler(parser, run)                 # run(args) -> exit code
-
-    def run(args):
-        model, tokenizer, options = load(args)
-        result = lookahead.generate(model, input_ids, args.max_new_tokens, args.method, **options)
 
 Bad combinations of options (``--window`` with ``--method prompt_lookup``, ``--temperature``
-without ``--sample``, an unknown ``--model``) raise :class:`UsageError`; :func:`set_handler` turns
+without ``--sample``, an unknown ``--model``) raise ``UsageError``; ``loading.set_handler`` turns
 it into the usual argparse error (usage line, the option's name, exit status 2).
 """
 
@@ -19,14 +14,11 @@ from __future__ import annotations
 
 import argparse
 import logging
-import sys
-from collections.abc import Callable, Sequence
-from typing import Any, NamedTuple
+from typing import Any
 
-import torch
 
 from lookahead.kernels import packing
-from lookahead.api import METHOD_OPTIONS, check_draft_model
+from lookahead.api import METHOD_OPTIONS
 from lookahead.config import (
     MAX_DRAFT_TOKENS,
     MAX_GUESS,
@@ -35,17 +27,14 @@ from lookahead.config import (
     METHODS,
     check_workload,
 )
-from lookahead.sources.datastore import check_spec, load_datastore
+from lookahead.sources.datastore import check_spec
 from lookahead.sources.memory import MEMORY_METHODS
 from lookahead.models.load import (
     AUTO_DTYPE,
     DEFAULT_MODEL,
-    ModelNotAvailableError,
-    load_model,
-    resolve_dtype,
 )
 from lookahead.models.load import dtype_name as canonical_dtype_name
-from lookahead.stats import GenerationStats
+from lookahead.argtypes import UsageError, float_in, int_in
 
 logger = logging.getLogger(__name__)
 
@@ -57,39 +46,7 @@ _SHAPE_OPTIONS = ("window", "ngram", "guess", "workload", "lookup_tokens", "look
 _SAMPLING_OPTIONS = ("temperature", "top_p", "top_k", "seed")
 
 
-class UsageError(Exception):
-    """A bad command line found after parsing; ``option`` is the flag to blame, e.g. "--window"."""
-
-    def __init__(self, option: str, message: str) -> None:
-        super().__init__(f"argument {option}: {message}")
-        self.option = option
-
-
-class Loaded(NamedTuple):
-    """The model, its tokenizer and the keyword options for ``lookahead.generate``/``stream``."""
-
-    model: Any
-    tokenizer: Any
-    options: dict[str, Any]
-
-
 # ----------------------------------------------------------------------------- argument types
-
-
-def int_in(low: int, high: int) -> Callable[[str], int]:
-    """An argparse ``type`` accepting an int in ``[low, high]``."""
-
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-        if not low <= value <= high:
-            raise argparse.ArgumentTypeError(f"must be in [{low}, {high}], got {value}")
-        return value
-
-    parse.__name__ = "int"
-    return parse
 
 
 def window_arg(text: str) -> int | str:
@@ -113,26 +70,6 @@ def workload_arg(text: str) -> str:
         return check_workload(text)
     except ValueError as error:
         raise argparse.ArgumentTypeError(str(error)) from None
-
-
-def float_in(low: float, high: float, *, low_open: bool = False,
-             high_open: bool = False) -> Callable[[str], float]:
-    """An argparse type: a number in the interval from ``low`` to ``high`` (ends open or not)."""
-
-    def parse(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-        above = value > low if low_open else value >= low
-        below = value < high if high_open else value <= high
-        if not (above and below):
-            interval = f"{'(' if low_open else '['}{low}, {high}{')' if high_open else ']'}"
-            raise argparse.ArgumentTypeError(f"must be in {interval}, got {value}")
-        return value
-
-    parse.__name__ = "float"
-    return parse
 
 
 DTYPE_HELP = (
@@ -398,170 +335,3 @@ def check_datastore_arg(args: argparse.Namespace) -> None:
         check_spec(spec)
     except FileNotFoundError as error:
         raise UsageError("--datastore", str(error).removeprefix("datastore: ")) from None
-
-
-# ----------------------------------------------------------------------------- running
-
-
-def set_handler(parser: argparse.ArgumentParser, run: Callable[[argparse.Namespace], int]) -> None:
-    """Make ``run`` the subcommand's ``func``: a ``UsageError`` becomes an argparse error of
-    ``parser`` (exit status 2); a model that is not installed, a message and status 1."""
-
-    def func(args: argparse.Namespace) -> int:
-        try:
-            return run(args)
-        except UsageError as error:
-            parser.error(str(error))
-        except ModelNotAvailableError as error:
-            print(f"{parser.prog}: error: {error}", file=sys.stderr)
-            return 1
-        return 0  # not reached: parser.error exits
-
-    parser.set_defaults(func=func)
-
-
-def load(args: argparse.Namespace) -> Loaded:
-    """Check the options, apply ``--threads`` and load ``--model`` (and ``--draft-model``).
-
-    The options are checked before any model is loaded, so a typo fails at once.
-    """
-    has_method = hasattr(args, "method")
-    if has_method:
-        method_options(args)  # fail fast, before the slow part
-    if getattr(args, "threads", None):
-        torch.set_num_threads(args.threads)
-    if not getattr(args, "verbose", 0):
-        # Loading a small model takes a second: the per-tensor progress bar is only noise.
-        from transformers.utils import logging as transformers_logging
-
-        transformers_logging.disable_progress_bar()
-    packed = getattr(args, "packed_weights", False)
-    model, tokenizer = load_named("--model", args.model, args.dtype, packed)
-    draft = None
-    if has_method and args.method == "draft":
-        draft, _ = load_named("--draft-model", args.draft_model, args.dtype, packed)
-        try:
-            check_draft_model(model, draft)
-        except ValueError as error:
-            raise UsageError("--draft-model", str(error)) from None
-    options = method_options(args, draft) if has_method else {}
-    if getattr(args, "datastore", None):
-        try:  # read-only: one corpus serves every request of the process
-            options["datastore"] = load_datastore(args.datastore, tokenizer)
-        except (ValueError, FileNotFoundError) as error:
-            raise UsageError("--datastore", str(error)) from None
-    return Loaded(model, tokenizer, options)
-
-
-def load_named(option: str, name: str, dtype: str, packed: bool | str | None = False
-               ) -> tuple[Any, Any]:
-    """``lookahead.load_model(name, dtype)``; an unknown name or path is a ``UsageError``.
-
-    ``packed``: pack the weights (``--packed-weights``), not (False), or where the model
-    allows it (None, the CLI's default).
-    """
-    try:
-        model, tokenizer = load_model(name, dtype=dtype)
-    except ModelNotAvailableError:
-        raise
-    except (ValueError, FileNotFoundError) as error:
-        raise UsageError(option, str(error)) from None
-    apply_packing(model, packed)
-    return model, tokenizer
-
-
-def apply_packing(model: Any, packed: bool | str | None) -> bool | str:
-    """``lookahead.kernels.packing.apply_packing``; a model that cannot be packed when
-    ``--packed-weights`` (or ``--stream-kernel``) asks for it is a ``UsageError`` naming the
-    flag."""
-    problem = packing.packing_problem(model, packed) if packed else None
-    if problem is not None:
-        raise UsageError(packing_flag(packed), problem)
-    return packing.apply_packing(model, packed)
-
-
-def packing_flag(packed: bool | str | None) -> str:
-    """The flag that asked for ``packed`` (``args.packed_weights``)."""
-    return "--stream-kernel" if packed == packing.STREAM else "--packed-weights"
-
-
-def check_packing_dtype(args: argparse.Namespace) -> None:
-    """``packing.check_packable_dtype`` on ``args.packed_weights`` and ``args.dtype``, before
-    any model loads (``bench``, ``tune``); raises ValueError naming the flag that asked."""
-    try:
-        packing.check_packable_dtype(args.packed_weights, resolve_dtype(args.dtype))
-    except ValueError as error:
-        raise ValueError(f"argument {packing_flag(args.packed_weights)}: {error}") from None
-
-
-def encode_text(tokenizer: Any, text: str) -> torch.Tensor:
-    """Plain text (no chat template) → LongTensor [1, L], with the tokenizer's special tokens."""
-    return tokenizer(text, return_tensors="pt")["input_ids"]
-
-
-def stats_line(stats: GenerationStats) -> str:
-    """One line: tokens, seconds, tokens/s and tokens per step (forward pass)."""
-    return (
-        f"{stats.new_tokens} tokens, {stats.seconds:.2f} s, "
-        f"{stats.tokens_per_second:.1f} tokens/s, {stats.tokens_per_step:.2f} tokens/step"
-    )
-
-
-# ----------------------------------------------------------------------------- streamed text
-
-
-class TextDelta:
-    """Turns tokens arriving a few at a time into the new text to print.
-
-    Decoding each token alone breaks characters spread over several byte-level tokens (and
-    drops the leading spaces of SentencePiece tokens), and decoding the whole answer every step
-    costs O(n²). Like vLLM's incremental detokenizer, this decodes a short window: the tokens
-    since the text last printed (``ids[prefix:]``) against the same window without the new
-    tokens (``ids[prefix:read]``); the difference is the new text. Text ending in U+FFFD (an
-    unfinished UTF-8 sequence) is held back until the next token completes it.
-
-    ``context``: the last few prompt tokens, decoded in front of the first new tokens so that
-    a completion's first word gets the space it has after the prompt (not part of ``ids``).
-
-    Example::
-
-        delta = TextDelta(tokenizer, context=input_ids[0, -4:].tolist())
-        for tokens in lookahead.stream(model, input_ids, 64):
-            print(delta.push(tokens), end="", flush=True)
-        print(delta.finish())
-    """
-
-    def __init__(
-        self, tokenizer: Any, *, context: Sequence[int] = (), skip_special_tokens: bool = True
-    ) -> None:
-        self._tokenizer = tokenizer
-        self._skip = skip_special_tokens
-        self._all: list[int] = list(context)  # context, then the new tokens
-        self._context = len(self._all)
-        self._prefix = 0  # start of the decoded window
-        self._read = self._context  # end of the tokens whose text is printed
-
-    @property
-    def ids(self) -> list[int]:
-        """The new tokens pushed so far."""
-        return self._all[self._context :]
-
-    def push(self, tokens: Sequence[int]) -> str:
-        """Add ``tokens``; return the text they complete (possibly empty)."""
-        self._all.extend(tokens)
-        printed = self._decode(self._all[self._prefix : self._read])
-        text = self._decode(self._all[self._prefix :])
-        if len(text) <= len(printed) or text.endswith("\ufffd"):
-            return ""
-        self._prefix, self._read = self._read, len(self._all)
-        return text[len(printed) :]
-
-    def finish(self) -> str:
-        """The text still held back (an unfinished character at the very end)."""
-        printed = self._decode(self._all[self._prefix : self._read])
-        text = self._decode(self._all[self._prefix :])
-        self._prefix = self._read = len(self._all)
-        return text[len(printed) :]
-
-    def _decode(self, ids: list[int]) -> str:
-        return self._tokenizer.decode(ids, skip_special_tokens=self._skip) if ids else ""

@@ -6,7 +6,7 @@ pass of 16 tokens costs about what one token does; on an AVX2-only CPU oneDNN co
 fly and the bfloat16 cost grows with k, while float32's stays flat. This script loads the model
 in each dtype and measures, in alternating rounds, the median cost of a pass of k new tokens
 after a HumanEval prompt (``lookahead.bench.tune.forward_cost_curve``), and says which dtype
-``"auto"`` picks here (``lookahead.models.load.preferred_dtype``).
+``"auto"`` picks here (``lookahead.models.registry.preferred_dtype``).
 
     python benchmarks/forward_cost.py --threads 2 --plot docs/results/forward-cost.png
 """
@@ -22,7 +22,7 @@ import torch
 from packed_weights import curves, load_settings, plot  # the same, per dtype
 
 from lookahead.cli.bench_args import dtype_list, positive_int
-from lookahead.models.load import AUTO_DTYPE, dtype_name
+from lookahead.models.registry import AUTO_DTYPE, dtype_name
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

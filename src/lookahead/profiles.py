@@ -18,7 +18,7 @@ from pathlib import Path
 from types import MappingProxyType
 
 from lookahead.config import LookaheadConfig, check_step_tokens, check_workload
-from lookahead.models.load import default_cache_dir, dtype_name
+from lookahead.models.registry import default_cache_dir, dtype_name
 
 logger = logging.getLogger(__name__)
 

@@ -6,6 +6,8 @@ commands' work; their parsers live in ``lookahead.cli``).
 ``report``      summary rows, the Markdown table, ``results.json``
 ``plots``       the PNG figures
 ``datasets``    the bundled prompt sets (HumanEval, MT-Bench, GSM8K, ...)
-``tune``        this machine's forward-cost curve and the best lookahead shape; the profiles it
-                saves are read by ``lookahead.profiles``
+``cost_curve``  what a forward pass of k tokens costs here, and the speed it predicts
+``shape_search`` the shapes tried and the rule that keeps one
+``tune``        measures the curve and the shapes, saves the best as a profile (read by
+                ``lookahead.profiles``)
 """

@@ -41,13 +41,8 @@ from lookahead.config import check_int
 from lookahead.bench.datasets import BUNDLED_DATASETS, encode_prompt, load_prompts
 from lookahead.sources.datastore import Datastore, load_datastore
 from lookahead.sources.memory import MEMORY_METHODS, TextMemory
-from lookahead.models.load import (
-    AUTO_DTYPE,
-    DEFAULT_MODEL,
-    dtype_name,
-    load_model,
-    resolve_dtype,
-)
+from lookahead.models.load import load_model
+from lookahead.models.registry import AUTO_DTYPE, DEFAULT_MODEL, dtype_name, resolve_dtype
 
 logger = logging.getLogger(__name__)
 

@@ -41,39 +41,49 @@ Example::
 
 from __future__ import annotations
 
-import bisect
 import json
 import logging
-import statistics
-import time
 from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
-import numpy as np
 import torch
 import transformers
 
 import lookahead
-from lookahead.attention import attention_mask, decoding_attention, mask_to
-from lookahead.cache import cache_keyword, new_cache
-from lookahead.config import LookaheadConfig, check_int, check_workload
+from lookahead.bench.cost_curve import (
+    DEFAULT_TOKENS,
+    cost_at,
+    fastest_curve,
+    forward_cost_curve,
+    forward_seconds,
+    predict,
+    rate_of,
+    reprice,
+    step_overhead_of,
+    token_cost_of,
+    warn_if_apart,
+)
 from lookahead.bench.datasets import Prompt, encode_prompt, load_prompts, spread
-from lookahead.sources.datastore import Datastore, check_spec, load_datastore
-from lookahead.models.load import (
+from lookahead.bench.shape_search import (
+    DEFAULT_SHAPES,
+    SELECT,
+    choose_shape,
+    scaled_costs,
+    shape_runs,
+)
+from lookahead.config import LookaheadConfig, check_int, check_workload
+from lookahead.kernels.packing import apply_packing, check_packable_dtype
+from lookahead.models.load import load_model
+from lookahead.models.registry import (
     AUTO_DTYPE,
     DEFAULT_MODEL,
     dtype_name,
-    load_model,
     resolve_dtype,
 )
-from lookahead.kernels.packing import apply_packing, check_packable_dtype
 from lookahead.profiles import (
-    DEFAULT_LOOKUP_TOKENS,
-    DEFAULT_SHAPE,
-    DEFAULT_TOKEN_COST,
     PROFILE_VERSION,
     STEP_KEY,
     saved_profile_path,
@@ -81,25 +91,10 @@ from lookahead.profiles import (
     shape_label,
     shape_of,
 )
+from lookahead.sources.datastore import Datastore, check_spec, load_datastore
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_TOKENS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96)
-# On a CPU a forward of 8-16 tokens costs little more than one, while 64 costs two to three
-# times as much (without AMX the curve is steeper still): the set is dense in small windows
-# around the default, and keeps the paper's wider shapes for machines where they pay. A
-# longer copied continuation (the 4th number, lookup_tokens; 8 when left out) costs forward
-# tokens only when the text repeats itself, and then often pays: SmolLM2 on HumanEval went
-# from 3.13 to 3.42 tokens/step with 24 in place of 8. Where a pass of 8 tokens costs clearly
-# more than one of 4 (float32 taken weight first on an AVX2 CPU), a shorter one pays instead:
-# 1x4x2x4 won GSM8K there in session 27; once one-token passes got cheaper too (session 28),
-# 1x3x2x4 won HumanEval and GSM8K, and 1x4x3 MT-Bench.
-DEFAULT_SHAPES = (
-    (1, 5, 3), (1, 4, 6), (1, 4, 3), (2, 4, 4), (2, 5, 4), (2, 5, 6), (2, 6, 6), (3, 5, 5),
-    (4, 5, 4), (7, 5, 7), (15, 5, 15), (2, 5, 4, 16), (2, 5, 4, 24), (2, 4, 4, 16),
-    (1, 5, 3, 16), (1, 4, 2, 4), (1, 3, 2, 4),
-)
-SELECT = ("predicted", "measured")
 SAMPLES = ("spread", "first")
 DEFAULT_DATASETS = "humaneval,mtbench,gsm8k"
 
@@ -123,7 +118,7 @@ class TuneConfig:
     as the commands run with ``--datastore``: the copies it adds are forward tokens too, and can
     move the best shape. ``cost_scales``: each shape runs at the curve's token cost times
     each of these, so that the token cost is chosen with the shape (the curve's one slope can
-    under- or overstate what the tokens a step feeds cost; see ``_runs``). ``step_caps``:
+    under- or overstate what the tokens a step feeds cost; see ``shape_runs``). ``step_caps``:
     each shape also runs with each of these caps on the tokens a step feeds
     (``max_step_tokens``; None: no cap), so that the cap is chosen with the shape: the curve
     bends, and where 8 tokens cost far more than 6 a capped step can be the faster one."""
@@ -198,118 +193,6 @@ class TuneConfig:
         return [name.strip() for name in self.dataset.split(",") if name.strip()]
 
 
-# ----------------------------------------------------------------------------- measuring
-
-
-@torch.inference_mode()
-def forward_cost_curve(model, input_ids: torch.Tensor, tokens, repeats: int = 5) -> dict:
-    """Median seconds of one forward pass with k new tokens after the cached ``input_ids``.
-
-    The k tokens attend causally through an explicit 4D mask, as a lookahead step's do (k = 1
-    goes without a mask, as a plain decoding step does); every row's logits are computed. The
-    sizes are interleaved within each repeat so that a slow spell hits all of them alike.
-
-    Returns ``dict(tokens=[k...], seconds=[median...], prompt_tokens=L)``.
-    """
-    device = model.device
-    with decoding_attention(device):  # as our decoding has it, and its cache
-        return _cost_curve(model, input_ids.to(device), tokens, repeats, new_cache())
-
-
-def _cost_curve(model, input_ids: torch.Tensor, tokens, repeats: int, cache) -> dict:
-    """``forward_cost_curve`` with ``input_ids`` [1, L] on the model's device, into ``cache``."""
-    keyword, device = cache_keyword(model), model.device
-    model(input_ids=input_ids, **{keyword: cache}, use_cache=True, logits_to_keep=1)
-    past = cache.get_seq_length()
-    prompt = input_ids[0]
-    timings: dict[int, list[float]] = {k: [] for k in tokens}
-    for repeat in range(repeats + 1):  # the first round warms up
-        for k in tokens:
-            ids = prompt[torch.arange(k, device=device) % len(prompt)].unsqueeze(0)
-            positions, mask = causal_step(model, past, k)
-            synchronize(device)
-            start = time.perf_counter()
-            model(
-                input_ids=ids,
-                position_ids=positions,
-                attention_mask=mask,
-                **{keyword: cache},
-                use_cache=True,
-            )
-            synchronize(device)  # a GPU returns before it has run the pass
-            elapsed = time.perf_counter() - start
-            cache.crop(-k)  # transformers 5 crops by a negative count only
-            if repeat:
-                timings[k].append(elapsed)
-    return dict(
-        tokens=list(tokens),
-        seconds=monotone([statistics.median(timings[k]) for k in tokens]),
-        prompt_tokens=past,
-    )
-
-
-def causal_step(model, past: int, k: int) -> tuple[torch.Tensor, torch.Tensor | dict | None]:
-    """Position ids [1, k] and the 4D mask of ``k`` new tokens that attend causally after
-    ``past`` cached ones, on the model's device (no mask for k = 1, as a plain step has)."""
-    positions = torch.arange(past, past + k).unsqueeze(0)
-    mask = None
-    if k > 1:
-        visible = torch.tril(torch.ones(k, k, dtype=torch.bool))
-        mask = attention_mask(model.config, visible, past, positions, model.dtype)
-        mask = mask_to(mask, model.device)
-    return positions.to(model.device), mask
-
-
-def synchronize(device: torch.device) -> None:
-    """Wait for the work queued on ``device`` (a no-op on the CPU, which runs it in the call)."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def fastest_curve(curves: list[dict]) -> dict:
-    """Curves measured at different times, as one: each size's fastest median, made
-    non-decreasing. Another job only ever adds time, so the fastest timing is the closest to
-    the machine's own."""
-    seconds = [min(values) for values in zip(*(curve["seconds"] for curve in curves))]
-    return curves[0] | dict(seconds=monotone(seconds))
-
-
-def monotone(values: list[float]) -> list[float]:
-    """The closest non-decreasing sequence in least squares (isotonic regression, by pooling
-    adjacent violators): a forward pass of more tokens never costs less, so where a median dips
-    below a smaller size's, both are noise around their common mean."""
-    blocks: list[list[float]] = []  # [mean, count] of pooled runs
-    for value in values:
-        blocks.append([value, 1])
-        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
-            (mean_b, count_b), (mean_a, count_a) = blocks.pop(), blocks.pop()
-            count = count_a + count_b
-            blocks.append([(mean_a * count_a + mean_b * count_b) / count, count])
-    return [mean for mean, count in blocks for _ in range(count)]
-
-
-def cost_at(curve: Mapping, k: float) -> float:
-    """Seconds of a forward with ``k`` new tokens: linear between measured sizes, extended
-    along the first or last segment outside them."""
-    ks, seconds = curve["tokens"], curve["seconds"]
-    if len(ks) == 1:
-        return seconds[0] * max(k, 1) / ks[0] if k > ks[0] else seconds[0]
-    i = min(max(bisect.bisect_left(ks, k), 1), len(ks) - 1)
-    k0, k1, s0, s1 = ks[i - 1], ks[i], seconds[i - 1], seconds[i]
-    return max(s0 + (s1 - s0) * (k - k0) / (k1 - k0), 0.0)
-
-
-def token_cost_of(curve: Mapping, up_to: int = 32) -> float:
-    """What one more token costs as a fraction of a one-token pass (``LookaheadConfig.
-    token_cost``): the least-squares slope of the curve over sizes up to ``up_to`` (where a
-    lookahead step's live), over the cost of one token; in [0, 1]."""
-    points = [(k, s) for k, s in zip(curve["tokens"], curve["seconds"]) if k <= up_to]
-    if len(points) < 2:
-        return DEFAULT_TOKEN_COST
-    slope = float(np.polyfit(*zip(*points), deg=1)[0])
-    return min(max(slope / cost_at(curve, 1), 0.0), 1.0)
-
-
 def measure_shape(model, prompts: Mapping[str, list[torch.Tensor]], shape, max_new_tokens: int,
                   curve, token_cost: float | None = None, step_overhead: float = 0.0,
                   datastore: Datastore | None = None, step_cap: int | None = None) -> dict:
@@ -341,73 +224,18 @@ def measure_shape(model, prompts: Mapping[str, list[torch.Tensor]], shape, max_n
             forward += step_tokens
             sizes = sorted(Counter(step_tokens).items())
             runs[name].append([stats.new_tokens - 1, stats.steps - 1,
-                               _forward_seconds(curve, sizes), [list(n) for n in sizes]])
+                               forward_seconds(curve, sizes), [list(n) for n in sizes]])
     every = [run for set_runs in runs.values() for run in set_runs]
     new, steps = sum(run[0] for run in every), sum(run[1] for run in every)
     row = dict(
         **options,
         tokens_per_step=new / steps if steps else 1.0,
         mean_forward_tokens=sum(forward) / len(forward) if forward else 1.0,
-        measured_tokens_per_second=_rate(new, decode_seconds),
+        measured_tokens_per_second=rate_of(new, decode_seconds),
         measured_step_ms=1000 * decode_seconds / steps if steps else 0.0,
         prompt_runs=runs,
     )
     return predict(row, step_overhead)
-
-
-def _forward_seconds(curve: Mapping, sizes) -> float:
-    """The curve's seconds for the forward passes of ``sizes``, [(k, passes of k tokens)]."""
-    return sum(cost_at(curve, k) * count for k, count in sizes)
-
-
-def reprice(row: dict, curve: Mapping) -> dict:
-    """``row`` with each prompt run's forward seconds read off ``curve`` instead (not yet
-    ``predict``-ed again)."""
-    runs = {name: [[*run[:2], _forward_seconds(curve, run[3]), run[3]] for run in set_runs]
-            for name, set_runs in row["prompt_runs"].items()}
-    return row | dict(prompt_runs=runs)
-
-
-def predict(row: dict, step_overhead: float = 0.0) -> dict:
-    """``row`` with its predicted decoding speed: each prompt's tokens over the curve's cost
-    of its steps' forward passes plus ``step_overhead`` seconds per step -- overall
-    (``predicted_tokens_per_second``), per data set (``predicted_per_dataset``) and per prompt
-    (``predicted_per_prompt``: data set -> the rate of each of its prompts)."""
-    runs = row["prompt_runs"]
-
-    def seconds(run: list[float]) -> float:
-        return run[2] + run[1] * step_overhead
-
-    every = [run for set_runs in runs.values() for run in set_runs]
-    steps, total = sum(run[1] for run in every), sum(map(seconds, every))
-    return row | dict(
-        predicted_tokens_per_second=_rate(sum(run[0] for run in every), total),
-        predicted_per_dataset={
-            name: _rate(sum(run[0] for run in set_runs), sum(map(seconds, set_runs)))
-            for name, set_runs in runs.items()
-        },
-        predicted_per_prompt={
-            name: [_rate(run[0], seconds(run)) for run in set_runs]
-            for name, set_runs in runs.items()
-        },
-        predicted_step_ms=1000 * total / steps if steps else 0.0,
-    )
-
-
-def step_overhead_of(rows: list[dict]) -> float:
-    """Seconds a decoding step costs beside its forward pass: the median over the shapes of
-    the measured step time less the curve's (rows predicted without overhead), at least 0.
-
-    The curve times the model alone; a step also builds its mask, verifies, crops the cache
-    and updates the proposer, in much the same time whatever the shape. Left out, it favours
-    shapes that take more, cheaper steps for the same tokens: SmolLM2 on HumanEval spent about
-    2 ms of a 31 ms step there, and W1 N4 G6 (2.79 tokens/step) was predicted ahead of the
-    default (2.93), whose steps measured no slower."""
-    gaps = [row["measured_step_ms"] - row["predicted_step_ms"] for row in rows]
-    return max(statistics.median(gaps), 0.0) / 1000 if gaps else 0.0
-
-
-# ----------------------------------------------------------------------------- tuning
 
 
 def tune(config: TuneConfig, progress: Progress | None = None, save: bool = True) -> dict:
@@ -448,12 +276,12 @@ def _measure(model, prompts: Mapping[str, list[torch.Tensor]], config: TuneConfi
     """The forward-cost curve (on the first prompt) measured before and after the shapes, the
     first one's token cost, and a measured row per shape of ``config.shapes`` at that cost
     and each step cap (see :func:`measure_shape`); the default shape, if among them, also at
-    the shipped cost, uncapped, as a user gets it untuned (``_runs``)."""
+    the shipped cost, uncapped, as a user gets it untuned (``shape_runs``)."""
     first = next(iter(prompts.values()))[0]
     _report(progress, 0, 2 + len(config.shapes), "forward-cost curve")
     curve = forward_cost_curve(model, first, config.tokens, config.repeats)
     token_cost = round(token_cost_of(curve), 4)  # the window runs at this machine's price
-    runs = _runs(config.shapes, scaled_costs(token_cost, config.cost_scales), config.step_caps)
+    runs = shape_runs(config.shapes, scaled_costs(token_cost, config.cost_scales), config.step_caps)
     total = 2 + len(runs)  # the curve, before the shapes and after them
     rows = []
     for index, (shape, cost, cap) in enumerate(runs, start=1):
@@ -469,50 +297,9 @@ def _measure(model, prompts: Mapping[str, list[torch.Tensor]], config: TuneConfi
     # shape's steps (session 31: 472 ms for one token, on a machine that decoded at 150 ms).
     _report(progress, total - 1, total, "the forward-cost curve again")
     curves = [curve, forward_cost_curve(model, first, config.tokens, config.repeats)]
-    _warn_if_apart(curves)
+    warn_if_apart(curves)
     _report(progress, total, total, "done")
     return curves, token_cost, rows
-
-
-def _warn_if_apart(curves: list[dict], tolerance: float = 0.2) -> None:
-    """Log where two measurements of the curve differ by more than ``tolerance``: the machine
-    was busier during one of them, and the fastest is kept."""
-    first, again = (np.array(curve["seconds"]) for curve in curves)
-    apart = np.abs(first - again) / np.minimum(first, again)
-    i = int(apart.argmax())
-    if apart[i] > tolerance:
-        logger.warning(
-            "the forward-cost curve measured before and after the shapes differs by up to "
-            "%.0f %% (%d tokens: %.1f against %.1f ms): another job was running; the "
-            "faster timings are kept", 100 * apart[i], curves[0]["tokens"][i],
-            1000 * first[i], 1000 * again[i],
-        )
-
-
-def scaled_costs(token_cost: float, scales) -> list[float]:
-    """The token costs ``token_cost`` times each of ``scales``, at most 1, rounded, distinct and
-    ascending."""
-    return sorted({round(min(token_cost * x, 1.0), 4) for x in scales})
-
-
-def _runs(shapes, costs: list[float], caps=(None,)
-          ) -> list[tuple[tuple[int, ...], float | None, int | None]]:
-    """(shape, token cost, step cap) to measure: every shape at each of ``costs`` with each
-    of ``caps``, and before the default shape's rows, where the shapes have it, the default at
-    the shipped cost (None) and uncapped, as a user gets it untuned.
-
-    The shipped default is what the tuner must beat: a profile must not differ from what a
-    user gets untuned without having beaten it. Session 29's MT-Bench profile kept the default
-    shape, found no better, but at the curve's cost (0.064 against 0.025), and ran slower on
-    the held-out prompts (0.96x on 12; 1.01x on the 5 where both wrote the same text).
-    """
-    runs: list[tuple[tuple[int, ...], float | None, int | None]] = []
-    for shape in shapes:
-        if _is_default(shape_dict(shape)) and (DEFAULT_TOKEN_COST not in costs
-                                               or None not in caps):
-            runs.append((shape, None, None))
-        runs += [(shape, cost, cap) for cost in costs for cap in caps]
-    return runs
 
 
 def _setting(config: TuneConfig, model, packed: bool | str, samples: Mapping[str, list[Prompt]]
@@ -547,105 +334,6 @@ def sample_prompts(dataset: str, count: int, sample: str = "spread") -> list[Pro
     """The tuner's ``count`` sample prompts of ``dataset``: spread across it, or its first."""
     prompts = load_prompts(dataset)
     return spread(prompts, count) if sample == "spread" else prompts[:count]
-
-
-def _rate(tokens: int, seconds: float) -> float:
-    return tokens / seconds if seconds > 0 else 0.0
-
-
-def choose_shape(rows: list[dict], select: str = "predicted", margin: float = 0.0) -> dict:
-    """The row of the fastest shape; the default shape's row instead when it is among them and
-    no other clearly leads it.
-
-    With ``select="predicted"`` and per-prompt predictions in the rows, shapes are ranked
-    against the default prompt by prompt (``versus_default``): by the geometric mean of their
-    predicted speed ratios. A sum over the sample weighs each prompt by its output's length,
-    and in bf16 a shape's output can part from the default's after a near tie and run to
-    another length (SmolLM2, HumanEval/114: 63 tokens in the default shape, 238 in W1 N5 G3):
-    that prompt then decides the sum. A shape replaces the default only if its ratio is above
-    ``1 + margin``, at least 1 on every data set (a shape that wins on chat by more than it
-    loses on code would make code slower for whoever decodes code), above 1 on more than
-    half of the prompts (a lead won on one or two prompts is theirs, not the data set's), and
-    its sum leads the default's by more than ``margin`` too: the default is a good shape, and
-    is left only where every reading of the sample agrees (SmolLM2 on HumanEval: W1 N4 G6 led
-    on all 5 sample prompts, by 12 %, but not in sum, and lost on prompts it had not seen).
-
-    Otherwise (measured timing, or rows without per-prompt figures) the fastest by
-    ``{select}_tokens_per_second``, if it leads the default by more than ``margin`` and, when
-    predicted, is no slower on any data set (``predicted_per_dataset``).
-    """
-    default = default_row(rows)
-    versus = {id(row): versus_default(row, default) for row in rows} if default else {}
-    if select == "predicted" and versus and all(versus.values()):
-        eligible = [row for row in rows if versus[id(row)].replaces_default(margin)
-                    and _leads(row, default, "predicted_tokens_per_second", margin)]
-        return max(eligible, key=lambda row: versus[id(row)].speedup, default=default)
-    key = f"{select}_tokens_per_second"
-    if default is not None and select == "predicted":
-        rows = [row for row in rows if row is default or _no_set_slower(row, default)]
-    best = max(rows, key=lambda row: row[key])
-    return default if default is not None and not _leads(best, default, key, margin) else best
-
-
-def _leads(row: Mapping, default: Mapping, key: str, margin: float) -> bool:
-    return row[key] > default[key] * (1.0 + margin)
-
-
-@dataclass(frozen=True)
-class Versus:
-    """A shape's predicted speed against the default's, prompt by prompt: ``speedup``, the
-    geometric mean of the per-prompt ratios; ``per_dataset``, the same within each data set;
-    ``won`` of ``prompts``, the prompts on which it is predicted faster."""
-
-    speedup: float
-    per_dataset: Mapping[str, float]
-    won: int
-    prompts: int
-
-    def replaces_default(self, margin: float) -> bool:
-        return (self.speedup > 1.0 + margin and 2 * self.won > self.prompts
-                and all(ratio >= 1.0 for ratio in self.per_dataset.values()))
-
-
-def versus_default(row: Mapping, default: Mapping) -> Versus | None:
-    """``row`` against ``default`` prompt by prompt (``predicted_per_prompt``: data set ->
-    predicted tok/s of each sample prompt), or None where either lacks those figures (a
-    profile saved before they were kept) or a rate is 0."""
-    ours, theirs = row.get("predicted_per_prompt"), default.get("predicted_per_prompt")
-    if not isinstance(ours, Mapping) or not isinstance(theirs, Mapping) or not theirs:
-        return None
-    ratios: dict[str, list[float]] = {}
-    for name, rates in theirs.items():
-        if len(ours.get(name, ())) != len(rates) or not all(rates) or not all(ours[name]):
-            return None
-        ratios[name] = [a / b for a, b in zip(ours[name], rates, strict=True)]
-    every = [ratio for values in ratios.values() for ratio in values]
-    return Versus(
-        speedup=statistics.geometric_mean(every),
-        per_dataset={name: statistics.geometric_mean(values) for name, values in ratios.items()},
-        won=sum(ratio > 1.0 for ratio in every),
-        prompts=len(every),
-    )
-
-
-def _is_default(row: Mapping) -> bool:
-    """Whether a shape or tuning row is the default shape at the shipped token cost, with
-    no step cap."""
-    return all(row[k] == v for k, v in DEFAULT_SHAPE.items()) and (
-        row.get("lookup_tokens", DEFAULT_LOOKUP_TOKENS) == DEFAULT_LOOKUP_TOKENS
-    ) and row.get("token_cost", DEFAULT_TOKEN_COST) == DEFAULT_TOKEN_COST and (
-        row.get(STEP_KEY) is None
-    )
-
-
-def _no_set_slower(row: dict, default: dict) -> bool:
-    ours, theirs = row.get("predicted_per_dataset", {}), default.get("predicted_per_dataset", {})
-    return all(ours.get(name, 0.0) >= rate for name, rate in theirs.items())
-
-
-def default_row(rows: list[dict]) -> dict | None:
-    """The row of the default shape among tuning rows, or None."""
-    return next((row for row in rows if _is_default(row)), None)
 
 
 def _report(progress: Progress | None, done: int, total: int, description: str) -> None:

@@ -15,7 +15,7 @@ import torch
 from lookahead.cli.options import DTYPE_HELP, add_model_args, dtype_name, workload_arg
 from lookahead.argtypes import int_in
 from lookahead.config import MAX_GUESS, MAX_NGRAM, MAX_WINDOW
-from lookahead.models.load import AUTO_DTYPE, resolve_dtype
+from lookahead.models.registry import AUTO_DTYPE, resolve_dtype
 from lookahead.kernels.packing import will_pack
 
 logger = logging.getLogger(__name__)

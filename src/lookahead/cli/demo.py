@@ -19,7 +19,7 @@ from lookahead.cli.loading import encode_text, load, set_handler
 from lookahead.cli.options import WINDOW_HELP, add_max_new_tokens, add_model_args, window_arg
 from lookahead.argtypes import int_in
 from lookahead.config import MAX_GUESS, MAX_NGRAM
-from lookahead.models.load import resolve_dtype
+from lookahead.models.registry import resolve_dtype
 from lookahead.kernels.packing import is_packed
 
 # The start of a small Python class, to be continued: code repeats names and whole phrases

@@ -9,8 +9,9 @@ import time
 
 from lookahead.cli.loading import load_named, set_handler
 from lookahead.cli.options import dtype_name
-from lookahead.models.load import AUTO_DTYPE
-from lookahead.models.load import install_model, list_models
+from lookahead.models.registry import AUTO_DTYPE
+from lookahead.models.gguf import install_model
+from lookahead.models.registry import list_models
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

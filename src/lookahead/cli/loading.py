@@ -21,7 +21,8 @@ from lookahead.api import check_draft_model
 from lookahead.argtypes import UsageError
 from lookahead.cli.options import method_options
 from lookahead.kernels import packing
-from lookahead.models.load import ModelNotAvailableError, load_model, resolve_dtype
+from lookahead.models.load import load_model
+from lookahead.models.registry import ModelNotAvailableError, resolve_dtype
 from lookahead.sources.datastore import load_datastore
 from lookahead.stats import GenerationStats
 

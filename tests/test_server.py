@@ -25,7 +25,7 @@ import lookahead
 from lookahead.cli import main as cli_main
 from lookahead.bench.datasets import load_prompts
 from lookahead.server.app import ServerSettings, create_app
-from lookahead.server.detokenize import Detokenizer
+from lookahead.detokenize import Detokenizer
 from lookahead.server.engine import Engine, EngineConfig
 
 MODEL = "tiny-llama"
@@ -205,7 +205,7 @@ def test_client_that_gives_up_on_a_whole_answer_is_cancelled(served) -> None:
         ({"lookahead": {"method": "prompt_lookup", "window": 3}}, "lookahead"),
         ({"lookahead": {"method": "draft"}}, "lookahead.method"),
         ({"lookahead": {"temperature": 1}}, "lookahead.temperature"),
-        ({"lookahead": {"memory": True}}, "lookahead.sources.memory"),
+        ({"lookahead": {"memory": True}}, "lookahead.memory"),
         ({"lookahead": {"workload": "code"}}, "lookahead.workload"),
         ({"prompt": [5] * (CONTEXT + 1)}, "prompt"),
         ({"max_tokens": CONTEXT}, "max_tokens"),

@@ -17,7 +17,7 @@ import lookahead
 from lookahead.api import make_decoder
 from lookahead.server.batch_cache import BatchedCache
 from lookahead.server.budget import BudgetPolicy
-from lookahead.server.detokenize import Detokenizer
+from lookahead.detokenize import Detokenizer
 from lookahead.server.engine import (
     Engine,
     EngineClosedError,

@@ -19,8 +19,9 @@ from collections.abc import Iterator
 from rich.console import Console
 
 import lookahead
-from lookahead.cli.loading import TextDelta, load, set_handler, stats_line
+from lookahead.cli.loading import load, set_handler, stats_line
 from lookahead.cli.options import add_max_new_tokens, add_method_args, add_model_args
+from lookahead.detokenize import Detokenizer
 from lookahead.models.load import chat_prompt
 
 PROMPT = "[bold green]>>>[/] "
@@ -84,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
 
 def answer_turn(console: Console, tokenizer, stream, *, debug: bool) -> str:
     """Print the streamed answer; return its text. Ctrl-C ends the answer early, not the chat."""
-    delta = TextDelta(tokenizer)
+    delta = Detokenizer(tokenizer)
     # The suppress catches a second Ctrl-C, for a step that does not end.
     with ctrl_c_requests_stop() as stop, contextlib.suppress(KeyboardInterrupt):
         for tokens in stream:
@@ -97,7 +98,7 @@ def answer_turn(console: Console, tokenizer, stream, *, debug: bool) -> str:
     console.print(delta.finish(), end="\n", markup=False)
     if debug:
         console.print(f"[dim]{stats_line(stream.stats)}[/]")
-    return tokenizer.decode(delta.ids, skip_special_tokens=True)
+    return tokenizer.decode(delta.tokens, skip_special_tokens=True)
 
 
 @contextlib.contextmanager

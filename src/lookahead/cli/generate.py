@@ -11,9 +11,10 @@ import json
 import sys
 
 import lookahead
-from lookahead.cli.loading import TextDelta, encode_text, load, set_handler
-from lookahead.cli.options import add_max_new_tokens, add_method_args, add_model_args
 from lookahead.argtypes import UsageError
+from lookahead.cli.loading import encode_text, load, set_handler
+from lookahead.cli.options import add_max_new_tokens, add_method_args, add_model_args
+from lookahead.detokenize import Detokenizer
 from lookahead.models.load import chat_prompt
 
 
@@ -55,8 +56,8 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--max-new-tokens", str(error)) from None
 
     out = sys.stdout
-    # The prompt's last tokens in front: the first word keeps the space it has after them.
-    delta = TextDelta(tokenizer, context=input_ids[0, -4:].tolist())
+    # The prompt decoded in front: the first word keeps the space it has after it.
+    delta = Detokenizer(tokenizer, prompt=input_ids[0].tolist())
     for tokens in stream:
         out.write(delta.push(tokens))
         out.flush()

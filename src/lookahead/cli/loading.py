@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import torch
@@ -137,60 +137,3 @@ def stats_line(stats: GenerationStats) -> str:
         f"{stats.new_tokens} tokens, {stats.seconds:.2f} s, "
         f"{stats.tokens_per_second:.1f} tokens/s, {stats.tokens_per_step:.2f} tokens/step"
     )
-
-
-class TextDelta:
-    """Turns tokens arriving a few at a time into the new text to print.
-
-    Decoding each token alone breaks characters spread over several byte-level tokens (and
-    drops the leading spaces of SentencePiece tokens), and decoding the whole answer every step
-    costs O(n²). Like vLLM's incremental detokenizer, this decodes a short window: the tokens
-    since the text last printed (``ids[prefix:]``) against the same window without the new
-    tokens (``ids[prefix:read]``); the difference is the new text. Text ending in U+FFFD (an
-    unfinished UTF-8 sequence) is held back until the next token completes it.
-
-    ``context``: the last few prompt tokens, decoded in front of the first new tokens so that
-    a completion's first word gets the space it has after the prompt (not part of ``ids``).
-
-    Example::
-
-        delta = TextDelta(tokenizer, context=input_ids[0, -4:].tolist())
-        for tokens in lookahead.stream(model, input_ids, 64):
-            print(delta.push(tokens), end="", flush=True)
-        print(delta.finish())
-    """
-
-    def __init__(
-        self, tokenizer: Any, *, context: Sequence[int] = (), skip_special_tokens: bool = True
-    ) -> None:
-        self._tokenizer = tokenizer
-        self._skip = skip_special_tokens
-        self._all: list[int] = list(context)  # context, then the new tokens
-        self._context = len(self._all)
-        self._prefix = 0  # start of the decoded window
-        self._read = self._context  # end of the tokens whose text is printed
-
-    @property
-    def ids(self) -> list[int]:
-        """The new tokens pushed so far."""
-        return self._all[self._context :]
-
-    def push(self, tokens: Sequence[int]) -> str:
-        """Add ``tokens``; return the text they complete (possibly empty)."""
-        self._all.extend(tokens)
-        printed = self._decode(self._all[self._prefix : self._read])
-        text = self._decode(self._all[self._prefix :])
-        if len(text) <= len(printed) or text.endswith("\ufffd"):
-            return ""
-        self._prefix, self._read = self._read, len(self._all)
-        return text[len(printed) :]
-
-    def finish(self) -> str:
-        """The text still held back (an unfinished character at the very end)."""
-        printed = self._decode(self._all[self._prefix : self._read])
-        text = self._decode(self._all[self._prefix :])
-        self._prefix = self._read = len(self._all)
-        return text[len(printed) :]
-
-    def _decode(self, ids: list[int]) -> str:
-        return self._tokenizer.decode(ids, skip_special_tokens=self._skip) if ids else ""

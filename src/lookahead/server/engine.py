@@ -43,7 +43,7 @@ from lookahead.config import check_int
 from lookahead.decode import Decoder, StepPlan, longrope_switch
 from lookahead.server.batch_cache import BatchedCache
 from lookahead.server.budget import BudgetPolicy
-from lookahead.server.detokenize import Detokenizer
+from lookahead.detokenize import Detokenizer
 from lookahead.server.metrics import ServerMetrics
 from lookahead.server.shapes import prefill_length, warm_up
 from lookahead.stats import GenerationStats

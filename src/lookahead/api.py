@@ -5,12 +5,13 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
-from types import MappingProxyType
 
 import torch
 
 from lookahead.config import (
+    METHOD_OPTIONS,
     METHODS,
+    SAMPLING_OPTIONS,
     DraftConfig,
     LookaheadConfig,
     PromptLookupConfig,
@@ -33,19 +34,6 @@ logger = logging.getLogger(__name__)
 
 # ``GenerationStats.shape_source`` of a lookahead call that gave its window.
 GIVEN_SOURCE = "given"
-
-# The options each method accepts besides the common arguments (read-only).
-METHOD_OPTIONS = MappingProxyType({
-    "autoregressive": (),
-    "lookahead": ("window", "ngram", "guess", "prompt_pool", "output_pool", "lookup_ngram",
-                  "lookup_tokens", "lookup_max_tokens", "token_cost", "window_probe",
-                  "trim_candidates", "memory", "datastore", "workload", "max_step_tokens"),
-    "prompt_lookup": ("num_draft_tokens", "max_ngram", "min_ngram", "max_draft_tokens",
-                      "memory", "datastore", "max_step_tokens"),
-    "draft": ("draft_model", "num_draft_tokens", "lookup_tokens", "lookup_ngram",
-              "max_step_tokens"),
-})
-
 
 @dataclass(frozen=True)
 class GenerationResult:
@@ -117,7 +105,7 @@ def make_decoder(model, input_ids, max_new_tokens, method, **options) -> Decoder
     if method not in METHODS:
         raise ValueError(f"method must be one of {', '.join(METHODS)}; got {method!r}")
     eos = options.pop("eos_token_id", None)
-    sampling = SamplingConfig(**_pop(options, ("do_sample", "temperature", "top_k", "top_p", "seed")))
+    sampling = SamplingConfig(**_pop(options, SAMPLING_OPTIONS))
     unknown = set(options) - set(METHOD_OPTIONS[method])
     if unknown:
         raise TypeError(

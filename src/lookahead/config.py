@@ -7,7 +7,8 @@ the argument and the range it expects, so bad input never reaches the decode loo
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
+from types import MappingProxyType
 
 # Bounds that catch typos ("window=700") long before they would exhaust memory.
 MAX_WINDOW = 64
@@ -191,3 +192,25 @@ class SamplingConfig:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
         if self.seed is not None:
             check_int("seed", self.seed, 0, (1 << 63) - 1)
+
+
+def field_names(config: type) -> tuple[str, ...]:
+    """The keyword names of a config dataclass, in declaration order."""
+    return tuple(f.name for f in fields(config))
+
+
+# What every proposing method takes besides its config's fields: the cap on a step's forward
+# tokens; and what the copying methods take: the texts they copy from.
+STEP_OPTIONS = ("max_step_tokens",)
+COPY_SOURCES = ("memory", "datastore")
+
+# The options each method accepts besides the common arguments (read-only): its config's
+# fields, named once there, and the options that are not config fields.
+METHOD_OPTIONS = MappingProxyType({
+    "autoregressive": (),
+    "lookahead": (*field_names(LookaheadConfig), *COPY_SOURCES, "workload", *STEP_OPTIONS),
+    "prompt_lookup": (*field_names(PromptLookupConfig), *COPY_SOURCES, *STEP_OPTIONS),
+    "draft": ("draft_model", *field_names(DraftConfig), *STEP_OPTIONS),
+})
+# The sampling options every method takes (``SamplingConfig``'s fields).
+SAMPLING_OPTIONS = field_names(SamplingConfig)

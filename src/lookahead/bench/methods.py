@@ -25,7 +25,7 @@ from transformers.generation.streamers import BaseStreamer
 
 import lookahead
 from lookahead.attention import decoding_attention
-from lookahead.api import METHOD_OPTIONS
+from lookahead.config import METHOD_OPTIONS
 from lookahead.config import DraftConfig, LookaheadConfig, PromptLookupConfig
 from lookahead.bench.datasets import encode_prompt
 from lookahead.sources.datastore import Datastore

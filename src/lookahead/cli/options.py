@@ -14,12 +14,15 @@ from __future__ import annotations
 
 import argparse
 import logging
+from itertools import chain
 from typing import Any
 
 
 from lookahead.kernels import packing
-from lookahead.api import METHOD_OPTIONS
 from lookahead.config import (
+    COPY_SOURCES,
+    METHOD_OPTIONS,
+    SAMPLING_OPTIONS,
     MAX_DRAFT_TOKENS,
     MAX_GUESS,
     MAX_NGRAM,
@@ -35,12 +38,14 @@ from lookahead.argtypes import UsageError, float_in, int_in
 
 logger = logging.getLogger(__name__)
 
-# The method options the CLI exposes, by the keyword lookahead.generate takes; the flag is
-# "--" + name with "-" for "_". (--draft-model is handled apart: it names a model to load.)
-_SHAPE_OPTIONS = ("window", "ngram", "guess", "workload", "lookup_tokens", "lookup_max_tokens",
-                  "token_cost", "num_draft_tokens", "max_draft_tokens", "max_ngram",
-                  "max_step_tokens")
-_SAMPLING_OPTIONS = ("temperature", "top_p", "top_k", "seed")
+# The method options the CLI passes on, by the keyword lookahead.generate takes (the flag is
+# "--" + name with "-" for "_"; a parser without the flag leaves it out). The texts to copy from
+# and the draft model are handled apart: their flags name things to load.
+_LOADED = (*COPY_SOURCES, "draft_model")
+_SHAPE_OPTIONS = tuple(name for name in dict.fromkeys(chain(*METHOD_OPTIONS.values()))
+                       if name not in _LOADED)
+# The sampling options but do_sample, whose flag is --sample.
+_SAMPLING_OPTIONS = tuple(name for name in SAMPLING_OPTIONS if name != "do_sample")
 
 
 # ----------------------------------------------------------------------------- argument types

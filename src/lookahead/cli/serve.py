@@ -18,11 +18,13 @@ from lookahead.api import check_draft_model, resolve_auto_shape
 from lookahead.cli.loading import load, load_named, set_handler
 from lookahead.cli.options import add_method_args, add_model_args, check_copying_method
 from lookahead.argtypes import UsageError, int_in
+from lookahead.config import SAMPLING_OPTIONS
 from lookahead.sources.memory import DEFAULT_CAPACITY, TextMemory
 
 logger = logging.getLogger(__name__)
 
-_PER_REQUEST = ("sample", "temperature", "top_p", "top_k", "seed")
+# Chosen per request in the body: --sample and every sampling option.
+_PER_REQUEST = ("sample", *(name for name in SAMPLING_OPTIONS if name != "do_sample"))
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

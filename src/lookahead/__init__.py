@@ -3,53 +3,50 @@
     import lookahead
     model, tokenizer = lookahead.load_model("smollm2-135m", dtype="bfloat16")
     result = lookahead.generate(model, input_ids, max_new_tokens=256, method="lookahead")
+
+The names below are imported from their modules on first use, so that ``import lookahead``
+(and ``lookahead --help``) does not load torch and transformers before they are needed.
 """
 
+from importlib import import_module
 from importlib.metadata import PackageNotFoundError, version
-
-from lookahead.api import GenerationResult, Stream, generate, stream
-from lookahead.config import (
-    METHODS,
-    DraftConfig,
-    LookaheadConfig,
-    PromptLookupConfig,
-    SamplingConfig,
-)
-from lookahead.sources.datastore import Datastore
-from lookahead.kernels.grouped_attention import use_grouped_attention
-from lookahead.sources.memory import TextMemory
-from lookahead.kernels.packing import pack_weights, packing_problem
-from lookahead.stats import GenerationStats
 
 try:
     __version__ = version("lookahead")
 except PackageNotFoundError:  # imported from a source tree that was never installed
     __version__ = "0+unknown"
 
+# Public name: the module that defines it.
+_EXPORTS = {
+    "GenerationResult": "lookahead.api",
+    "Stream": "lookahead.api",
+    "generate": "lookahead.api",
+    "stream": "lookahead.api",
+    "METHODS": "lookahead.config",
+    "DraftConfig": "lookahead.config",
+    "LookaheadConfig": "lookahead.config",
+    "PromptLookupConfig": "lookahead.config",
+    "SamplingConfig": "lookahead.config",
+    "Datastore": "lookahead.sources.datastore",
+    "TextMemory": "lookahead.sources.memory",
+    "use_grouped_attention": "lookahead.kernels.grouped_attention",
+    "pack_weights": "lookahead.kernels.packing",
+    "packing_problem": "lookahead.kernels.packing",
+    "GenerationStats": "lookahead.stats",
+    "load_model": "lookahead.models.load",
+    "Detokenizer": "lookahead.detokenize",
+}
 
-def load_model(*args, **kwargs):
-    """Load a bundled name, HF id, local folder or .gguf path: see ``lookahead.models.load``."""
-    from lookahead.models.load import load_model as _load
 
-    return _load(*args, **kwargs)
+def __getattr__(name: str):
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'lookahead' has no attribute {name!r}")
+    return getattr(import_module(module), name)
 
 
-__all__ = [
-    "METHODS",
-    "Datastore",
-    "DraftConfig",
-    "GenerationResult",
-    "GenerationStats",
-    "LookaheadConfig",
-    "PromptLookupConfig",
-    "SamplingConfig",
-    "Stream",
-    "TextMemory",
-    "__version__",
-    "generate",
-    "load_model",
-    "pack_weights",
-    "packing_problem",
-    "stream",
-    "use_grouped_attention",
-]
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_EXPORTS])
+
+
+__all__ = sorted([*_EXPORTS, "__version__"])

@@ -42,7 +42,6 @@ USER_ERRORS = (ValueError, TypeError, FileNotFoundError)
 def register(subparsers) -> None:
     parser = subparsers.add_parser(
         "bench",
-        help="benchmark every method against HF generate on the same prompts",
         description="Measure tokens/s, speed-up over HF model.generate (greedy), tokens per "
         "step, acceptance, time to first token and exactness of each method, in one process "
         "on the same prompts. Writes results.json, results.md and PNG plots to --out.",

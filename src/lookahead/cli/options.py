@@ -14,27 +14,28 @@ from __future__ import annotations
 
 import argparse
 import logging
+import sys
+from collections.abc import Callable
 from itertools import chain
 from typing import Any
 
-
-from lookahead.kernels import packing
+from lookahead.argtypes import UsageError, float_in, int_in
 from lookahead.config import (
     COPY_SOURCES,
-    METHOD_OPTIONS,
-    SAMPLING_OPTIONS,
     MAX_DRAFT_TOKENS,
     MAX_GUESS,
     MAX_NGRAM,
     MAX_WINDOW,
+    METHOD_OPTIONS,
     METHODS,
+    SAMPLING_OPTIONS,
     check_workload,
 )
+from lookahead.kernels import STREAM
+from lookahead.models.registry import AUTO_DTYPE, DEFAULT_MODEL, ModelNotAvailableError
+from lookahead.models.registry import dtype_name as canonical_dtype_name
 from lookahead.sources.datastore import check_spec
 from lookahead.sources.memory import MEMORY_METHODS
-from lookahead.models.registry import AUTO_DTYPE, DEFAULT_MODEL
-from lookahead.models.registry import dtype_name as canonical_dtype_name
-from lookahead.argtypes import UsageError, float_in, int_in
 
 logger = logging.getLogger(__name__)
 
@@ -75,9 +76,8 @@ def workload_arg(text: str) -> str:
 
 
 DTYPE_HELP = (
-    f"weight dtype: auto, bfloat16, float32, ... (default: auto, bfloat16 where the CPU "
-    f"multiplies it natively (AVX512-BF16 or AMX), else float32; here: "
-    f"{canonical_dtype_name(AUTO_DTYPE)})"
+    "weight dtype: auto, bfloat16, float32, ... (default: auto, bfloat16 where the CPU "
+    "multiplies it natively (AVX512-BF16 or AMX), else float32)"
 )
 
 
@@ -127,7 +127,7 @@ def add_model_args(parser: argparse.ArgumentParser, *, default: str | None = DEF
         "--stream-kernel",
         dest="packed_weights",
         action="store_const",
-        const=packing.STREAM,
+        const=STREAM,
         help="pack bfloat16 linears for the stream kernel (compiled on first use), summed in "
         "float32: sums that differ in the last bits, and passes of up to 8 tokens for about "
         "the cost of one (12 for under 1.5x) on an AVX-512 CPU without AMX",
@@ -347,3 +347,20 @@ def check_datastore_arg(args: argparse.Namespace) -> None:
         check_spec(spec)
     except FileNotFoundError as error:
         raise UsageError("--datastore", str(error).removeprefix("datastore: ")) from None
+
+
+def set_handler(parser: argparse.ArgumentParser, run: Callable[[argparse.Namespace], int]) -> None:
+    """Make ``run`` the subcommand's ``func``: a ``UsageError`` becomes an argparse error of
+    ``parser`` (exit status 2); a model that is not installed, a message and status 1."""
+
+    def func(args: argparse.Namespace) -> int:
+        try:
+            return run(args)
+        except UsageError as error:
+            parser.error(str(error))
+        except ModelNotAvailableError as error:
+            print(f"{parser.prog}: error: {error}", file=sys.stderr)
+            return 1
+        return 0  # not reached: parser.error exits
+
+    parser.set_defaults(func=func)

@@ -15,7 +15,8 @@ import time
 from collections.abc import Iterator
 
 from lookahead.api import check_draft_model, resolve_auto_shape
-from lookahead.cli.loading import load, load_named, set_handler
+from lookahead.cli.loading import load, load_named
+from lookahead.cli.options import set_handler
 from lookahead.cli.options import add_method_args, add_model_args, check_copying_method
 from lookahead.argtypes import UsageError, int_in
 from lookahead.config import SAMPLING_OPTIONS
@@ -30,7 +31,6 @@ _PER_REQUEST = ("sample", *(name for name in SAMPLING_OPTIONS if name != "do_sam
 def register(subparsers: argparse._SubParsersAction) -> None:
     serve = subparsers.add_parser(
         "serve",
-        help="an OpenAI-compatible HTTP server (continuous batching, streaming)",
         description="Serve /v1/completions and /v1/chat/completions (streamed or not), "
         "/v1/models, /health and /metrics. Requests are decoded together in one batch; "
         "speculation shrinks as the batch grows (--step-token-budget). A request picks its "
@@ -70,7 +70,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     test = subparsers.add_parser(
         "loadtest",
-        help="measure a running server: throughput, time to first token, latency",
         description="Send dataset prompts to a running `lookahead serve` at several "
         "concurrencies and methods; print a table, write results.json and PNG plots.",
     )

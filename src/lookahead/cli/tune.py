@@ -46,7 +46,6 @@ logger = logging.getLogger(__name__)
 def register(subparsers) -> None:
     parser = subparsers.add_parser(
         "tune",
-        help="measure this machine and save the fastest lookahead shape for a model",
         description="Measure the forward-cost curve (latency of one forward pass with k new "
         "tokens) and the acceptance of a few lookahead shapes on sample prompts; predict each "
         "shape's tokens/s and save the best in a profile that --shape auto reads.",

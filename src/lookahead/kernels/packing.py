@@ -52,6 +52,7 @@ import logging
 
 import torch
 
+from lookahead.kernels import STREAM
 from lookahead.kernels.stream_linear import (StreamLinear, fits_stream_kernel, load_stream_kernel,
                                      stream_kernel_problem)
 
@@ -61,8 +62,6 @@ logger = logging.getLogger(__name__)
 # measured the layout was the same for 1, 8 and 32, and so was the speed at every size.
 _BATCH_HINT = 1
 
-# ``packed_weights="stream"``: bfloat16 linears on the stream kernel (lookahead.kernels.stream_linear).
-STREAM = "stream"
 KERNELS = ("onednn", STREAM)
 
 # The weight dtypes that can be packed, and those packed by default: in bfloat16 the plain

@@ -7,8 +7,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 logger = logging.getLogger(__name__)
 
@@ -117,19 +119,21 @@ BUNDLED_MODELS: tuple[ModelSpec, ...] = (
 _SPECS_BY_NAME: Mapping[str, ModelSpec] = MappingProxyType({s.name: s for s in BUNDLED_MODELS})
 
 
-_DTYPE_ALIASES: Mapping[str, torch.dtype] = MappingProxyType(
+# Each dtype name a user may type, and the ``torch`` dtype it names (torch is imported when a
+# name is resolved, not with this module: the command line's parsers read these names).
+_DTYPE_ALIASES: Mapping[str, str] = MappingProxyType(
     {
-        "bfloat16": torch.bfloat16,
-        "bf16": torch.bfloat16,
-        "float32": torch.float32,
-        "fp32": torch.float32,
-        "float": torch.float32,
-        "float16": torch.float16,
-        "fp16": torch.float16,
-        "half": torch.float16,
-        "float64": torch.float64,
-        "fp64": torch.float64,
-        "double": torch.float64,
+        "bfloat16": "bfloat16",
+        "bf16": "bfloat16",
+        "float32": "float32",
+        "fp32": "float32",
+        "float": "float32",
+        "float16": "float16",
+        "fp16": "float16",
+        "half": "float16",
+        "float64": "float64",
+        "fp64": "float64",
+        "double": "float64",
     }
 )
 
@@ -147,12 +151,12 @@ def get_model_spec(name: str) -> ModelSpec:
         raise ValueError(unknown_model_message(name)) from None
 
 
-# The dtype "auto" stands for: bfloat16 where the CPU multiplies it natively, else float32.
 def is_bundled(name: str) -> bool:
     """Whether ``name`` is one of ``BUNDLED_MODELS``' names."""
     return name in _SPECS_BY_NAME
 
 
+# The dtype "auto" stands for: bfloat16 where the CPU multiplies it natively, else float32.
 AUTO_DTYPE = "auto"
 
 
@@ -160,6 +164,8 @@ def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
     """``"auto"``/``"bfloat16"``/``"bf16"``/``"float32"``/``"fp32"``/``"float16"``/``"float64"``
     or a floating ``torch.dtype`` → ``torch.dtype``; anything else raises ``ValueError`` naming
     ``dtype``. ``"auto"`` is :func:`preferred_dtype`."""
+    import torch
+
     if isinstance(dtype, torch.dtype):
         if dtype.is_floating_point:
             return dtype
@@ -167,7 +173,7 @@ def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
     if isinstance(dtype, str) and dtype.strip().lower() == AUTO_DTYPE:
         return preferred_dtype()
     if isinstance(dtype, str) and dtype.strip().lower() in _DTYPE_ALIASES:
-        return _DTYPE_ALIASES[dtype.strip().lower()]
+        return getattr(torch, _DTYPE_ALIASES[dtype.strip().lower()])
     choices = ", ".join(repr(alias) for alias in (AUTO_DTYPE, *_DTYPE_ALIASES))
     raise ValueError(
         f"dtype must be a torch floating-point dtype or one of {choices}; got {dtype!r}"
@@ -190,6 +196,8 @@ def preferred_dtype() -> torch.dtype:
     1 / 8 / 64 tokens took 39 / 149 / 1007 ms in bfloat16 and 71 / 138 / 263 ms in float32
     (``benchmarks/forward_cost.py``).
     """
+    import torch
+
     native = (getattr(torch.cpu, "_is_avx512_bf16_supported", None),
               getattr(torch.cpu, "_is_amx_tile_supported", None))
     if any(check is not None and check() for check in native):

@@ -135,3 +135,29 @@ def reference(model, ids: torch.Tensor, max_new_tokens: int) -> torch.Tensor:
         return model.generate(
             ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=max_new_tokens
         )
+
+
+# A small vocabulary makes a random model repeat itself, so proposers get accepted.
+BENCH_WORDS = ["<unk>", "<s>", "</s>", "def", "f", "(", ")", ":", "return", "x", "+", "1", "a", "b"]
+BENCH_PROMPTS = [
+    {"id": "p0", "prompt": "def f ( x ) : return x + 1 def f ( x ) :", "chat": False},
+    {"id": "p1", "prompt": "a b a b a b return a + b", "chat": False},
+    {"id": "p2", "prompt": "x + 1", "chat": False},
+]
+
+
+
+def bench_argv(tiny, *extra: str) -> list[str]:
+    """``lookahead bench`` on the bench tests' tiny model (``tests/bench/conftest.py``)."""
+    model = str(tiny["model"])
+    return [
+        "bench", "--model", model, "--draft-model", model, "--dataset", str(tiny["prompts"]),
+        "--limit", "2", "--max-new-tokens", "16", "--dtype", "float64",
+        "--baseline-dtypes", "float32,float64", "--cache-dir", str(tiny["cache"]), *extra,
+    ]  # fmt: skip
+
+
+def tune_argv(tiny, cache, *extra: str) -> list[str]:
+    """``lookahead tune`` on the tiny model in float64, its profile saved under ``cache``."""
+    return ["tune", "--model", str(tiny["model"]), "--dtype", "float64",
+            "--dataset", str(tiny["prompts"]), "--cache-dir", str(cache), *extra]

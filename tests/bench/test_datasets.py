@@ -10,8 +10,6 @@ from types import MappingProxyType
 
 import pytest
 import torch
-from tiny import CHAT_TEMPLATE, word_tokenizer
-
 from lookahead.bench import datasets
 from lookahead.bench.datasets import (
     DatasetNotAvailableError,
@@ -22,6 +20,8 @@ from lookahead.bench.datasets import (
     load_prompts,
     spread,
 )
+
+from tiny import CHAT_TEMPLATE, word_tokenizer
 
 # The vocabulary of tiny.word_tokenizer, which adds no special tokens of its own.
 WORDS = ["<unk>", "<s>", "</s>", "user", "assistant", ":", "hello", "world", "def", "f", "(", ")"]

@@ -1,4 +1,5 @@
-"""Bad input is refused up front with a ValueError or TypeError that names the argument."""
+"""The public entry points: bad input is refused up front with a ValueError or TypeError that
+names the argument; ``stream`` yields what ``generate`` returns."""
 
 from __future__ import annotations
 
@@ -253,3 +254,15 @@ def test_valid_edge_values_are_accepted(model, tiny_lm):
     ):
         result = lookahead.generate(model, IDS, max_new_tokens=1, **options)
         assert result.sequences.shape == (1, IDS.shape[1] + 1)
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_stream_yields_what_generate_returns(tiny_lm):
+    model = tiny_lm("llama", seed=0)
+    ids = torch.tensor([[7, 8, 9, 7, 8, 9, 7, 8]])
+    stream = lookahead.stream(model, ids, max_new_tokens=12, method="lookahead")
+    steps = list(stream)
+    result = lookahead.generate(model, ids, max_new_tokens=12, method="lookahead")
+    assert ids[0].tolist() + [t for s in steps for t in s] == result.sequences[0].tolist()
+    assert stream.stats.steps == len(steps) == result.stats.steps
+    assert result.new_tokens.tolist() == [result.sequences[0, 8:].tolist()]

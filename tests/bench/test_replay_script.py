@@ -7,10 +7,9 @@ import importlib.util
 from pathlib import Path
 
 import numpy as np
-
 from lookahead import Datastore
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "replay_text_proposers.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "replay_text_proposers.py"
 
 
 def _script():

@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu_step_cost.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu_step_cost.py"
 
 
 def _run(*args: str) -> subprocess.CompletedProcess:

@@ -1,0 +1,134 @@
+"""Tuned profiles (lookahead.profiles): how a decoding finds its shape."""
+
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import lookahead
+import pytest
+import torch
+from lookahead.api import make_decoder
+from lookahead.cli.main import build_parser
+from lookahead.cli.options import method_options
+from lookahead.config import LookaheadConfig
+from lookahead.profiles import (
+    DEFAULT_SHAPE,
+    load_profile,
+    profile_path,
+    resolve_shape,
+)
+
+
+def test_a_broken_profile_falls_back_to_the_default(tmp_path: Path) -> None:
+    path = profile_path("some-model", "bfloat16", cache_dir=tmp_path)
+    path.parent.mkdir(parents=True)
+    path.write_text('{"best": {"window": 0, "ngram": 5, "guess": 7}}')
+    assert load_profile("some-model", "bf16", cache_dir=tmp_path) is None
+    assert resolve_shape("some-model", "bf16", cache_dir=tmp_path) == dict(DEFAULT_SHAPE)
+    assert profile_path("../a b/c", "fp32", cache_dir=tmp_path).parent == tmp_path / "profiles"
+
+
+def test_window_auto_takes_the_tuned_shape_of_this_model(tiny, tmp_path, monkeypatch) -> None:
+    # The default cache folder is under the home (or XDG) folder: point both at tmp_path.
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / ".cache"))
+    model, _ = lookahead.load_model(tiny["model"], dtype="float64")
+    ids = torch.tensor([[5, 6, 7, 5, 6]])
+
+    def shape(**options):
+        config = make_decoder(model, ids, 4, "lookahead", **options).proposer.config
+        return config.window, config.ngram, config.guess
+
+    default = tuple(DEFAULT_SHAPE.values())
+    assert shape(window="auto") == default  # no profile saved yet
+    assert shape() == default
+    path = profile_path(model.name_or_path, "float64")  # where `lookahead tune` saves it
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({"best": {"window": 3, "ngram": 4, "guess": 6}}))
+    assert shape(window="auto") == (3, 4, 6)
+    assert shape(window="auto", guess=2) == (3, 4, 2)  # explicit parts are kept
+    code = profile_path(model.name_or_path, "float64", workload="code")
+    code.write_text(json.dumps({"best": {"window": 1, "ngram": 3, "guess": 2}}))
+    assert shape(workload="code") == (1, 3, 2)  # a workload implies window="auto"
+    assert shape(workload="chat") == (3, 4, 6)  # none saved for chat: the general profile
+    with pytest.raises(ValueError, match="workload='code' chooses a tuned shape"):
+        shape(window=2, workload="code")
+    with pytest.raises(ValueError, match="workload must be a name"):
+        shape(workload="no/slash")
+    assert shape() == (3, 4, 6)  # no shape given: the tuned one
+    assert shape(window=3) == (3, 5, 4)  # an int window keeps the shape as given
+    path.write_text(json.dumps({"best": {"window": 3, "ngram": 4, "guess": 6},
+                                "packed_weights": True}))
+    assert shape() == default  # tuned on packed weights, and this model's are plain
+
+
+def test_the_stats_name_the_profile_that_chose_the_shape(tiny, tmp_path, monkeypatch) -> None:
+    # A call without a window reads a file outside the call: its stats must say which.
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / ".cache"))
+    model, _ = lookahead.load_model(tiny["model"], dtype="float64")
+    ids = torch.tensor([[5, 6, 7, 5, 6]])
+
+    def source(method="lookahead", **options):
+        return lookahead.generate(model, ids, 3, method, **options).stats.shape_source
+
+    assert source() == "default"
+    assert source(window=2) == "given"
+    assert source("prompt_lookup") is None
+    path = profile_path(model.name_or_path, "float64")
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({"best": {"window": 3, "ngram": 4, "guess": 6}}))
+    assert source() == str(path) == source(window="auto")
+    assert lookahead.generate(model, ids, 3).stats.as_dict()["shape_source"] == str(path)
+
+
+def test_cli_lookahead_without_a_window_asks_for_auto() -> None:
+    args = build_parser().parse_args(["generate", "--model", "m", "hi"])
+    assert method_options(args) == {"window": "auto"}
+    args = build_parser().parse_args(["generate", "--model", "m", "--window", "auto",
+                                      "--guess", "3", "hi"])
+    assert method_options(args) == {"window": "auto", "guess": 3}
+    args = build_parser().parse_args(["generate", "--model", "m", "--window", "3", "hi"])
+    assert method_options(args) == {"window": 3}
+
+
+def test_window_auto_brings_the_tuned_step_cap(tiny, tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / ".cache"))
+    model, _ = lookahead.load_model(tiny["model"], dtype="float64")
+    ids = torch.tensor([[5, 6, 7, 5, 6, 7, 5, 6]])
+    path = profile_path(model.name_or_path, "float64")
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({"best": {"window": 2, "ngram": 3, "guess": 3,
+                                         "max_step_tokens": 3}}))
+    assert make_decoder(model, ids, 4, "lookahead").step_tokens == 3
+    assert make_decoder(model, ids, 4, "lookahead", max_step_tokens=5).step_tokens == 5
+    assert make_decoder(model, ids, 4, "lookahead", window=2).step_tokens is None
+    result = lookahead.generate(model, ids, 24, "lookahead")
+    assert max(result.stats.forward_tokens_per_step[1:]) <= 3
+    expected = model.generate(ids, max_new_tokens=24, do_sample=False,
+                              attention_mask=torch.ones_like(ids))
+    assert torch.equal(result.sequences, expected[:, : result.sequences.shape[1]])
+
+
+def test_a_cuda_model_gets_the_gpu_default_shape_untuned(tmp_path) -> None:
+    """Untuned, a model on CUDA gets the paper's W15 N5 G15 with its window at every step (a
+    GPU step's tokens come nearly free), a CPU model the CPU default; options given win."""
+    from lookahead.api import resolve_auto_shape
+    from lookahead.profiles import GPU_DEFAULT_SHAPE
+
+    assert resolve_shape("m", "bfloat16", cache_dir=tmp_path, device="cuda") == dict(
+        window=15, ngram=5, guess=15, token_cost=0.0)
+    assert resolve_shape("m", "bfloat16", cache_dir=tmp_path) == dict(DEFAULT_SHAPE)
+
+    class OnCuda(torch.nn.Module):  # what resolve_auto_shape reads of a model on a GPU
+        name_or_path = "test-only/never-tuned-model"
+        dtype = torch.bfloat16
+        device = torch.device("cuda")
+
+    assert resolve_auto_shape(OnCuda(), {}) == dict(GPU_DEFAULT_SHAPE)
+    given = resolve_auto_shape(OnCuda(), dict(window="auto", guess=4, token_cost=0.5))
+    assert given == dict(window=15, ngram=5, guess=4, token_cost=0.5)
+    assert LookaheadConfig(**given).window == 15  # a valid config

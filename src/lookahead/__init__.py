@@ -9,6 +9,7 @@ The names below are imported from their modules on first use, so that ``import l
 """
 
 from importlib import import_module
+from importlib.util import find_spec
 from importlib.metadata import PackageNotFoundError, version
 
 try:
@@ -40,9 +41,12 @@ _EXPORTS = {
 
 def __getattr__(name: str):
     module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'lookahead' has no attribute {name!r}")
-    return getattr(import_module(module), name)
+    if module is not None:
+        return getattr(import_module(module), name)
+    if not name.startswith("_") and find_spec(f"{__name__}.{name}") is not None:
+        return import_module(f"{__name__}.{name}")  # a submodule: ``lookahead.api`` after
+        # ``import lookahead``, as when this module imported them all
+    raise AttributeError(f"module 'lookahead' has no attribute {name!r}")
 
 
 def __dir__() -> list[str]:

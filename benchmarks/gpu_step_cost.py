@@ -95,7 +95,7 @@ def build_model(preset: str, dtype: torch.dtype, device: torch.device, seed: int
 
 @torch.inference_mode()
 def warm_up(model, seconds: float) -> None:
-    """Run one-token passes for ``seconds``. In session 33, on fresh H200 machines, a curve
+    """Run one-token passes for ``seconds``. On fresh H200 machines, a curve
     measured right after the model was built read 24-30 ms for one token where the steps
     after it took 16-19 (the clocks ramping up, perhaps); this warm-up came after those runs
     and has not been checked on a GPU yet."""

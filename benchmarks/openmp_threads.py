@@ -9,8 +9,8 @@ a forward pass of ``--tokens`` tokens:
 - main: load and run on the main thread;
 - second thread: load on the main thread (no parallel work there), run on a second thread;
 - second thread after main's pass: the same, after one forward pass on the main thread, as in
-  the server before session 19 (it loaded and packed the weights, parallel work, on the main
-  thread and ran the engine on another).
+  the server once did (it loaded and packed the weights, parallel work, on the main thread
+  and ran the engine on another).
 
     python benchmarks/openmp_threads.py --model smollm2-135m --threads 2
 """

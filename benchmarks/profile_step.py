@@ -1,15 +1,36 @@
 """Where a lookahead step's time goes, besides the model's own arithmetic.
 
-Runs the decode loop of ``lookahead.decode.Decoder`` phase by phase (the same calls
-``Decoder._step`` makes, timed one by one) on a HumanEval prompt and prints the median
-microseconds per step of each phase; then times the forward pass itself three ways (our 4D
-mask, no mask = causal, and one token) to show what the mask costs inside the model.
+Runs ``lookahead.decode.Decoder`` on a HumanEval prompt with an observer that times each phase
+of its steps (propose, tree, layout, forward, verify, commit, update, keep: ``Decoder``'s
+``observer``) and prints the median microseconds per step of each; then times the forward pass
+itself three ways (our 4D mask, no mask = causal, and one token) to show what the mask costs
+inside the model.
 
     python benchmarks/profile_step.py --threads 2
     python benchmarks/profile_step.py --model qwen2.5-coder-0.5b --shape 7x5x7 --steps 60
     python benchmarks/profile_step.py --pyinstrument      # also a call tree of whole steps
     python benchmarks/profile_step.py --model qwen2.5-coder-1.5b --packed --shape 2x4x2 \
         --lookup-tokens 4 --token-cost 0.255 --datastore stdlib --steps 120   # as benchmarked
+
+The comparison scripts that were runs of ``lookahead bench`` or ``loadtest`` are gone; their
+figures come from these commands (one run per variant, then compare the results.json files):
+
+    lookahead bench --model smollm2-135m --dataset humaneval --limit 10 --threads 2 \
+        --baseline-dtypes bfloat16,float32 --methods hf,autoregressive,lookahead,prompt_lookup
+        # bench_quick.py
+    lookahead bench --methods hf,lookahead --lookup-tokens 8   (and 16, 24; prompt lookup:
+        --methods hf,prompt_lookup --prompt-lookup-tokens K)    # copy_length.py
+    lookahead bench --dtype float32 --packed-weights --baseline-dtypes float32
+        # packed_float32.py: bench checks packed float32 against plain
+    lookahead bench --methods hf,lookahead --shape auto   (and --shape 2x5x4)
+        # tuned_vs_default.py
+    lookahead bench --methods hf,draft --draft-model NAME --draft-tokens K   (per K)
+        # draft_tokens.py
+    lookahead serve --model smollm2-135m --step-token-budget B &
+    lookahead loadtest --concurrency 1,8 --methods lookahead,autoregressive --requests 8 \
+        --max-tokens 128        # loadtest_engine.py (over HTTP, per budget B)
+    window_gauge.py (the window at every step against the gauged one) has no bench flag; the
+    gauge's choice is checked in tests/unit/test_proposers_lookahead.py.
 """
 
 from __future__ import annotations
@@ -22,60 +43,28 @@ from collections import defaultdict
 import torch
 
 from lookahead.api import make_decoder
-from lookahead.attention import TokenTree, attention_mask, layout_step
-from lookahead.cli.bench_args import apply_threads, positive_int, shape_arg
-from lookahead.cache import cache_keyword, cache_length, keep_new
+from lookahead.attention import attention_mask
 from lookahead.bench.datasets import encode_prompt, load_prompts
-from lookahead.sources.datastore import load_datastore
-from lookahead.decode import StepPlan, fit_budget
+from lookahead.cache import cache_keyword, cache_length
+from lookahead.cli.bench_args import apply_threads, positive_int, shape_arg
 from lookahead.models.load import load_model
+from lookahead.sources.datastore import load_datastore
 
 
 class Clock:
-    """Accumulates microseconds per phase for the current step."""
+    """Accumulates microseconds per phase of the current step: ``lap`` is the observer."""
 
     def __init__(self) -> None:
         self.samples: dict[str, list[float]] = defaultdict(list)
+        self.last = time.perf_counter()
+
+    def restart(self) -> None:
         self.last = time.perf_counter()
 
     def lap(self, phase: str) -> None:
         now = time.perf_counter()
         self.samples[phase].append(1e6 * (now - self.last))
         self.last = now
-
-
-def timed_step(decoder, clock: Clock) -> None:
-    """``Decoder._step``, split into phases (steps 1-6 of the loop)."""
-    model, proposer = decoder.model, decoder.proposer
-    clock.lap("(between steps)")
-    past = cache_length(decoder.cache)
-    room = decoder.max_new_tokens - decoder.stats.new_tokens - 1
-    proposal = fit_budget(proposer.propose(decoder.context, max_tokens=room), None)
-    clock.lap("1a propose (pool lookup, window branch)")
-    tree = TokenTree(decoder.context[-1], proposal.candidates)
-    clock.lap("1b token tree (trie)")
-    layout = layout_step(tree, proposal.branch, position=past)
-    clock.lap("1c layout (ids, positions, visibility)")
-    logits = decoder._forward(layout, past)  # the 4D mask (if any) and the model
-    clock.lap("2 mask + model forward")
-    # finish() verifies, commits, records stats, then calls proposer.update (timed apart by
-    # the wrapper that profile_phases installs) and returns the rows to keep.
-    committed, rows = decoder.finish(StepPlan(proposal, tree, layout), logits)
-    clock.lap("6b finish() after update (keep rows)")
-    keep_new(decoder.cache, past, rows)
-    clock.lap("5 keep_new (cache rollback)")
-
-
-def time_update(proposer, clock: Clock) -> None:
-    """Split ``finish()`` at the proposer's update (a profiling-only instance override)."""
-    update = proposer.update
-
-    def timed(context, outcome) -> None:
-        clock.lap("3+4 verify, commit, stats")
-        update(context, outcome)
-        clock.lap("6 proposer.update (branch argmax, slide, pool)")
-
-    proposer.update = timed
 
 
 @torch.inference_mode()
@@ -86,16 +75,16 @@ def profile_phases(model, input_ids, shape, steps: int, **options) -> dict[str, 
         model, input_ids, steps * 8, "lookahead",
         window=shape[0], ngram=shape[1], guess=shape[2], **options,
     )  # fmt: skip
-    decoder.prefill()
+    stepping = iter(decoder)
+    next(stepping)  # the prefill, untimed
     clock = Clock()
-    time_update(decoder.proposer, clock)
-    forward_tokens = []
+    decoder.observer = clock.lap
     for _ in range(steps):
         if decoder.finished:
             break
-        timed_step(decoder, clock)
-        forward_tokens.append(decoder.stats.forward_tokens_per_step[-1])
-    clock.samples["(forward tokens T)"] = forward_tokens
+        clock.restart()
+        next(stepping)
+    clock.samples["(forward tokens T)"] = decoder.stats.forward_tokens_per_step[1:]
     clock.samples["(cache length)"] = [cache_length(decoder.cache)]
     clock.samples["(tokens per step)"] = [decoder.stats.tokens_per_step]
     return clock.samples
@@ -163,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
         options["datastore"] = load_datastore(args.datastore, tokenizer)
     profile_phases(model, input_ids, args.shape, 5, **options)  # warm-up
     samples = profile_phases(model, input_ids, args.shape, args.steps, **options)
-    steps = len(samples["2 mask + model forward"])
+    steps = len(samples["forward"])
     print(
         f"{args.model} {str(model.dtype).removeprefix('torch.')}, W,N,G={args.shape}, "
         f"{torch.get_num_threads()} threads, "

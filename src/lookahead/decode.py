@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -98,6 +98,9 @@ class Decoder:
     ``memory``: where the finished text (prompt and output) is remembered for later requests.
     ``step_tokens``: the most tokens a step feeds the model, x0 included (``fit_budget``);
     None: all the proposer proposes.
+    ``observer``: called with the name of each phase of a step as it ends ("propose", "tree",
+    "layout", "forward", "verify", "commit", "update", "keep"), e.g. to time them
+    (``benchmarks/profile_step.py``); None (the default) calls nothing.
     """
 
     def __init__(
@@ -113,8 +116,10 @@ class Decoder:
         method: str = "",
         memory: TextMemory | None = None,
         step_tokens: int | None = None,
+        observer: Callable[[str], None] | None = None,
     ) -> None:
         self.model = model
+        self.observer = observer
         self.step_tokens = step_tokens
         self.proposer = proposer
         self.sampling = sampling
@@ -184,8 +189,12 @@ class Decoder:
             return self._recompute()
         plan = self.plan(past)  # 1. propose
         logits = self._forward(plan.layout, past)  # 2. one forward pass
+        if self.observer is not None:
+            self.observer("forward")
         committed, keep = self.finish(plan, logits)  # 3. verify, 4. accept, 6. update
         keep_new(self.cache, past, keep)  # 5. roll back the cache to the accepted tokens
+        if self.observer is not None:
+            self.observer("keep")
         return committed
 
     def plan(self, past: int, budget: int | None = None) -> StepPlan:
@@ -206,8 +215,16 @@ class Decoder:
         if depth is not None:
             proposal = fit_depth(proposal, depth)
         proposal = fit_budget(proposal, budget)
+        observer = self.observer
+        if observer is not None:
+            observer("propose")
         tree = TokenTree(self.context[-1], proposal.candidates)
-        return StepPlan(proposal, tree, layout_step(tree, proposal.branch, position=past))
+        if observer is not None:
+            observer("tree")
+        layout = layout_step(tree, proposal.branch, position=past)
+        if observer is not None:
+            observer("layout")
+        return StepPlan(proposal, tree, layout)
 
     def finish(self, plan: StepPlan, logits: torch.Tensor) -> tuple[list[int], list[int]]:
         """Steps 3, 4 and 6 on the step's logits [R, V] (tree rows first, then branch rows).
@@ -218,13 +235,20 @@ class Decoder:
         tree, proposal = plan.tree, plan.proposal
         # 3. Verify: the longest acceptable root path, then a bonus or recovered token.
         verdict = self._verify(tree, logits[: len(tree)], proposal)
+        observer = self.observer
+        if observer is not None:
+            observer("verify")
         # 4. Accept: commit the tokens, stopping at EOS or at max_new_tokens.
         committed = self._commit(verdict.tokens)
         accepted = min(len(verdict.nodes), len(committed))  # none count past an EOS or the limit
         self.stats.record_step(plan.layout.input_ids.shape[1], len(tree) - 1, accepted)
+        if observer is not None:
+            observer("commit")
         # 6. Let the proposer learn from what happened.
         branch_logits = logits[len(tree) :] if proposal.branch is not None else None
         self.proposer.update(self.context, StepOutcome(committed, accepted, branch_logits))
+        if observer is not None:
+            observer("update")
         return committed, [0] + verdict.nodes  # tree node i sits at row i
 
     def _depth_limit(self, past: int) -> int | None:

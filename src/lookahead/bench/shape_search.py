@@ -30,8 +30,8 @@ logger = logging.getLogger(__name__)
 # tokens only when the text repeats itself, and then often pays: SmolLM2 on HumanEval went
 # from 3.13 to 3.42 tokens/step with 24 in place of 8. Where a pass of 8 tokens costs clearly
 # more than one of 4 (float32 taken weight first on an AVX2 CPU), a shorter one pays instead:
-# 1x4x2x4 won GSM8K there in session 27; once one-token passes got cheaper too (session 28),
-# 1x3x2x4 won HumanEval and GSM8K, and 1x4x3 MT-Bench.
+# 1x4x2x4 won GSM8K there; once one-token passes got cheaper too, 1x3x2x4 won HumanEval and
+# GSM8K, and 1x4x3 MT-Bench.
 DEFAULT_SHAPES = (
     (1, 5, 3), (1, 4, 6), (1, 4, 3), (2, 4, 4), (2, 5, 4), (2, 5, 6), (2, 6, 6), (3, 5, 5),
     (4, 5, 4), (7, 5, 7), (15, 5, 15), (2, 5, 4, 16), (2, 5, 4, 24), (2, 4, 4, 16),
@@ -55,7 +55,7 @@ def shape_runs(shapes, costs: list[float], caps=(None,)
     the shipped cost (None) and uncapped, as a user gets it untuned.
 
     The shipped default is what the tuner must beat: a profile must not differ from what a
-    user gets untuned without having beaten it. Session 29's MT-Bench profile kept the default
+    user gets untuned without having beaten it. One MT-Bench profile kept the default
     shape, found no better, but at the curve's cost (0.064 against 0.025), and ran slower on
     the held-out prompts (0.96x on 12; 1.01x on the 5 where both wrote the same text).
     """

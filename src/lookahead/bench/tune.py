@@ -294,7 +294,7 @@ def _measure(model, prompts: Mapping[str, list[torch.Tensor]], config: TuneConfi
         rows.append(measure_shape(model, prompts, shape, config.max_new_tokens, curve,
                                   cost, datastore=datastore, step_cap=cap))
     # Measured again, so that a busy spell during either measurement does not price every
-    # shape's steps (session 31: 472 ms for one token, on a machine that decoded at 150 ms).
+    # shape's steps (one curve read 472 ms for one token on a machine that decoded at 150 ms).
     _report(progress, total - 1, total, "the forward-cost curve again")
     curves = [curve, forward_cost_curve(model, first, config.tokens, config.repeats)]
     warn_if_apart(curves)

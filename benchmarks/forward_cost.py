@@ -5,7 +5,7 @@ does depends on the dtype and the CPU: with native bfloat16 (AVX512-BF16 or AMX)
 pass of 16 tokens costs about what one token does; on an AVX2-only CPU oneDNN converts on the
 fly and the bfloat16 cost grows with k, while float32's stays flat. This script loads the model
 in each dtype and measures, in alternating rounds, the median cost of a pass of k new tokens
-after a HumanEval prompt (``lookahead.bench.tune.forward_cost_curve``), and says which dtype
+after a HumanEval prompt (``lookahead.bench.cost_curve.forward_cost_curve``), and says which dtype
 ``"auto"`` picks here (``lookahead.models.registry.preferred_dtype``).
 
     python benchmarks/forward_cost.py --threads 2 --plot docs/results/forward-cost.png

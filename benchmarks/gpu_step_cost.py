@@ -2,7 +2,7 @@
 
 Lookahead turns the spare compute of a forward pass into tokens: it pays where a pass of k
 new tokens costs little more than a pass of one. This script measures that curve on a GPU
-(``lookahead.bench.tune.forward_cost_curve``: median ms of one forward with k new tokens on a
+(``lookahead.bench.cost_curve.forward_cost_curve``: median ms of one forward with k new tokens on a
 cached prompt, for a few prompt lengths), then decodes one random prompt with HF ``generate``
 (greedy), our autoregressive loop and lookahead at a few shapes (the window at every step,
 ``token_cost=0``, as on a GPU), and sets each method's ms per step beside the forward-only

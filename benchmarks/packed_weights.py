@@ -4,7 +4,7 @@ Loads the model twice in ``--dtype`` (bfloat16 by default, or float32), once wit
 linear layers packed (``lookahead.kernels.packing``: laid out for oneDNN in bfloat16, taken
 weight first in float32), and measures, in alternating rounds so that
 a slow spell of a shared machine hits both alike, the median cost of a forward pass of k new
-tokens after a prompt (``lookahead.bench.tune.forward_cost_curve``). Then it prints the largest
+tokens after a prompt (``lookahead.bench.cost_curve.forward_cost_curve``). Then it prints the largest
 difference between their logits over every k (0 in bfloat16: bit for bit); for scale, how far
 each model's own logits move when the largest k tokens go in one pass rather than one by one;
 and whether HF ``generate`` writes the same tokens on both, and times it. With

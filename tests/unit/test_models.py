@@ -1,4 +1,4 @@
-"""Tests of lookahead.models.load: registry, dtype, local loading, GGUF assembly, weight cache."""
+"""Tests of lookahead.models: registry, dtype, local loading, GGUF assembly, weight cache."""
 
 from __future__ import annotations
 

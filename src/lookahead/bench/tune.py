@@ -24,8 +24,10 @@ more and accepts more. Which trade wins depends on the machine. The tuner:
    curve. Packed and plain weights keep a profile each: packing changes the curve, and so the
    best shape.
 
-``resolve_shape(model, dtype, packed=...)`` then gives the saved best shape (or ``DEFAULT_SHAPE``);
-``lookahead.generate(..., window="auto")`` and the commands, when no window is given, use it.
+``lookahead.profiles.resolve_shape(model, dtype, packed=...)`` then gives the saved best shape
+(or ``DEFAULT_SHAPE``); ``lookahead.generate(..., window="auto")`` and the commands, when no
+window is given, use it. The curve's measuring and pricing live in ``bench.cost_curve``, the
+shapes tried and the rule that keeps one in ``bench.shape_search``.
 
 A *workload* profile (``TuneConfig(workload="code", dataset="humaneval")``, saved as
 ``<model>-<dtype>-<device>-code.json``) is tuned on one kind of text only: the best shape for
@@ -35,7 +37,7 @@ back to the general profile where there is none.
 Example::
 
     profile = tune(TuneConfig(model="smollm2-135m", dtype="bfloat16"))
-    shape = resolve_shape("smollm2-135m", "bfloat16")   # {"window": 7, "ngram": 5, "guess": 7}
+    shape = lookahead.profiles.resolve_shape("smollm2-135m", "bfloat16")  # {"window": 7, ...}
     lookahead.generate(model, input_ids, method="lookahead", **shape)
 """
 

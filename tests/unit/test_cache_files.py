@@ -114,3 +114,18 @@ def test_the_flock_is_released_when_its_holder_is_killed(tmp_path):
             pass
     finally:
         holder.kill()
+
+
+def test_an_assembled_gguf_with_another_hash_is_refused(tmp_path):
+    import dataclasses
+
+    from lookahead.models.gguf import _check_pinned_hash
+    from lookahead.models.registry import ModelNotAvailableError, get_model_spec
+
+    path = tmp_path / "model.gguf"
+    path.write_bytes(b"GGUF" + os.urandom(100))
+    spec = dataclasses.replace(get_model_spec("qwen2.5-coder-0.5b"),
+                               sha256=cache_files.sha256_of(path))
+    _check_pinned_hash(spec, path)  # the pinned hash: accepted
+    with pytest.raises(ModelNotAvailableError, match="SHA-256 .* not the pinned"):
+        _check_pinned_hash(dataclasses.replace(spec, sha256="0" * 64), path)

@@ -55,6 +55,7 @@ import torch
 import transformers
 
 import lookahead
+from lookahead import cache_files
 from lookahead.bench.cost_curve import (
     DEFAULT_TOKENS,
     cost_at,
@@ -349,7 +350,8 @@ def save_profile(profile: dict, cache_dir=None) -> Path:
 
     path = saved_profile_path(profile, cache_dir)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
+    # A name of its own: two tuners writing the same profile must not share a temporary.
+    tmp = cache_files.temporary_name(path)
     tmp.write_text(json.dumps(profile, indent=1) + "\n", encoding="utf-8")
     tmp.replace(path)
     plot_cost_curve(profile, path.with_suffix(".png"))

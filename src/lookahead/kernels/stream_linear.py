@@ -28,6 +28,8 @@ from types import ModuleType
 
 import torch
 
+from lookahead.kernels.build import compile_kernel
+
 logger = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).parent / "csrc" / "stream_linear.cpp"
@@ -44,14 +46,8 @@ def load_stream_kernel() -> ModuleType:
     capability = torch.backends.cpu.get_cpu_capability()
     if not capability.startswith("AVX512"):
         raise RuntimeError(f"the stream kernel needs AVX-512; this CPU's best is {capability}")
-    from torch.utils import cpp_extension  # imported here: it is slow, and only this needs it
-
     logger.info("loading the stream kernel (compiled on first use, about a minute)")
-    return cpp_extension.load(
-        name="lookahead_stream_linear", sources=[str(SOURCE)],
-        extra_cflags=["-O3", "-mavx512f", "-fopenmp"], extra_ldflags=["-fopenmp"],
-        verbose=False,
-    )
+    return compile_kernel("lookahead_stream_linear", [SOURCE], ["-O3", "-mavx512f"])
 
 
 def stream_kernel_problem() -> str | None:

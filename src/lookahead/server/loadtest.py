@@ -30,15 +30,19 @@ import logging
 import os
 import random
 import statistics
+import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-import httpx
-
 from lookahead.argtypes import UsageError, int_in
 from lookahead.config import METHODS
 from lookahead.bench.datasets import Prompt, load_prompts
+
+try:
+    import httpx
+except ImportError:  # no `server` extra: the subcommand is listed, and says what to install
+    httpx = None
 
 logger = logging.getLogger(__name__)
 
@@ -76,6 +80,7 @@ class Cell:
     latency_p95: float | None
     load_average: float | None = None  # this machine's 1-minute load at the cell's end
     repeats: int = 1  # runs pooled into the cell (``--repeat``)
+    run_seconds: list[float] = field(default_factory=list)  # each run's wall time: the spread
     # Every request, in the order they finished within each run (dicts of ``Outcome``'s fields
     # and ``repeat``): which prompts were slow, and whether a run was slow on every prompt.
     outcomes: list[dict] = field(default_factory=list)
@@ -107,6 +112,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if httpx is None:
+        print("lookahead loadtest: error: it needs httpx: pip install 'lookahead-exact[server]'",
+              file=sys.stderr)
+        return 1
     if not 0.0 <= args.disconnect_fraction <= 1.0:
         raise UsageError("--disconnect-fraction", "must be in [0, 1]")
     prompts = load_prompts(args.dataset)
@@ -115,7 +124,7 @@ def run(args: argparse.Namespace) -> int:
     (args.out / "results.json").write_text(json.dumps(report, indent=2))
     cells = [Cell(**c) for c in report["cells"]]
     _print_table(cells, report)
-    _plot(cells, args.out)
+    _plot(report, args.out)
     print(f"wrote {args.out / 'results.json'} and plots in {args.out}")
     return 1 if any(c.server_errors for c in cells) else 0
 
@@ -124,6 +133,7 @@ async def _run(args, prompts: list[Prompt]) -> dict:
     limits = httpx.Limits(max_connections=max(args.concurrency) + 4)
     async with httpx.AsyncClient(base_url=args.url, timeout=args.timeout, limits=limits) as client:
         model = await _served_model(client, args.url)
+        health = await _health(client)
         rss_before = await _server_rss(client)
         rng = random.Random(args.seed)
         cells = []
@@ -151,8 +161,17 @@ async def _run(args, prompts: list[Prompt]) -> dict:
         "requests": args.requests, "repeat": args.repeat,
         "disconnect_fraction": args.disconnect_fraction,
         "server_rss_bytes_before": rss_before, "server_rss_bytes_after": rss_after,
-        "server_idle_after": idle, "cells": cells,
+        "server_idle_after": idle, "environment": _environment(health), "cells": cells,
     }
+
+
+def _environment(health: dict) -> dict:
+    """Where the figures come from, for the plots' titles: this machine's CPU (the server's
+    too where both run on it) and the server's threads if its /health reports them."""
+    from lookahead.bench.runner import _processor_name
+
+    return {"processor": _processor_name(), "cpus": os.cpu_count(),
+            "threads": health.get("threads")}
 
 
 async def _run_cell(client, model, prompts, method, concurrency, args,
@@ -194,7 +213,7 @@ def _summarize(method: str, concurrency: int, runs: list[tuple[list[Outcome], fl
         ttft_p50=_percentile(ttfts, 50), ttft_p95=_percentile(ttfts, 95),
         latency_p50=_percentile(latencies, 50), latency_p95=_percentile(latencies, 95),
         load_average=os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
-        repeats=len(runs),
+        repeats=len(runs), run_seconds=[run_seconds for _, run_seconds in runs],
         outcomes=[dict(asdict(o), repeat=r) for r, (run_outcomes, _) in enumerate(runs)
                   for o in run_outcomes],
     )
@@ -265,6 +284,14 @@ def _text(event: dict) -> str:
     return choice.get("text") or (choice.get("delta") or {}).get("content") or ""
 
 
+async def _health(client) -> dict:
+    try:
+        response = await client.get("/health")
+        return response.json() if response.status_code == 200 else {}
+    except (httpx.HTTPError, ValueError):
+        return {}
+
+
 async def _server_rss(client) -> int | None:
     try:
         text = (await client.get("/metrics")).text
@@ -322,39 +349,15 @@ def _print_table(cells: list[Cell], report: dict) -> None:
                       f"after (idle: {report['server_idle_after']})")
 
 
-def _plot(cells: list[Cell], out: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import matplotlib.ticker
-
-    methods = sorted({c.method for c in cells}, key=[c.method for c in cells].index)
-    figures = [("throughput.png", "throughput (tokens/s)", [("throughput", "-")]),
-               ("ttft.png", "time to first token (s)", [("ttft_p50", "-"), ("ttft_p95", "--")]),
-               ("latency.png", "latency (s)", [("latency_p50", "-"), ("latency_p95", "--")])]
-    for name, ylabel, series in figures:
-        fig, ax = plt.subplots(figsize=(6, 4))
-        for color, method in enumerate(methods):
-            rows = [c for c in cells if c.method == method]
-            for field, style in series:
-                points = [(c.concurrency, getattr(c, field)) for c in rows
-                          if getattr(c, field) is not None]
-                if points:
-                    xs, ys = zip(*points)
-                    suffix = "" if len(series) == 1 else f" {field.split('_')[-1]}"
-                    ax.plot(xs, ys, style, color=f"C{color}", marker="o", label=method + suffix)
-        ax.set_xlabel("concurrency")
-        ax.set_ylabel(ylabel)
-        ax.set_xscale("log", base=2)
-        ax.set_xticks(sorted({c.concurrency for c in cells}))
-        ax.xaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
-        ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
-        ax.grid(True, alpha=0.3)
-        ax.legend()
-        fig.tight_layout()
-        fig.savefig(out / name, dpi=120)
-        plt.close(fig)
+def _plot(report: dict, out: Path) -> None:
+    """The three PNGs (``lookahead.bench.plots.plot_loadtest``); skipped, with a warning,
+    where matplotlib is not installed (it comes with the ``bench`` extra)."""
+    try:
+        from lookahead.bench.plots import plot_loadtest
+    except ImportError as error:
+        logger.warning("no plots: %s (pip install matplotlib)", error)
+        return
+    plot_loadtest(report, out)
 
 
 def _int_list(text: str) -> list[int]:

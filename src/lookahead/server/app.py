@@ -93,9 +93,10 @@ class ServerSettings:
     max_tokens: the most new tokens one request may ask for, and what a chat request that
         asks for none gets (OpenAI would give the whole rest of the context).
     memory: "per-key": the copying methods also copy from earlier requests' texts, kept
-        apart per API key (one scope for all without keys); "shared": one memory for all
-        clients, and then no acceptance figures are reported to clients (they would tell one
-        client about another's text). None: no memory.
+        apart per API key; "shared": one memory for all clients. None: no memory. Where
+        clients share a memory ("shared", or "per-key" without ``api_keys``, where every
+        client is the same client) no acceptance figures are reported to them: they would
+        tell one client about the text of another.
     memory_capacity: tokens each memory keeps.
     health_stall_s: ``/health`` answers 503 when the engine has work and made no progress for
         this many seconds (a hung forward pass).
@@ -125,7 +126,10 @@ class ServerSettings:
 
     @property
     def shares_memory(self) -> bool:
-        """Whether one client's text can shape what another's requests accept."""
+        """Whether one client's text can shape what another's requests accept (a memory
+        shared by all clients: "shared", or "per-key" without keys, where all are one)."""
+        if self.memory == "per-key":
+            return not self.api_keys
         return self.memory == "shared" or "memory" in self.method_options
 
     def prompt_char_limit(self, context: int | None) -> int:

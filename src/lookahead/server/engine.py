@@ -171,7 +171,7 @@ class Engine:
         ``_IDLE_WAIT_S`` apart), so a large value means a step that does not end: a forward
         pass that hangs, a deadlock. ``/health`` reports 503 past its limit.
         """
-        if not (self._waiting or self._running):
+        if not self._live:  # not the queues: a request being prefilled is in neither
             return 0.0
         return max(0.0, time.monotonic() - self._progress_at)
 
@@ -320,6 +320,10 @@ class Engine:
             logger.exception("prefill of %s failed", request.handle.id)
             self._fail(request, error)
             return False
+        except BaseException:  # the loop ends (see run): in no queue, it would get no answer
+            self._fail(request, EngineClosedError())
+            self._retire(1)
+            raise
         request.decoder.cache = None  # the batch owns the entries now
         self._running.append(request)
         return True

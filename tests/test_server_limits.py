@@ -435,3 +435,39 @@ def test_a_shared_memory_reports_no_acceptance_figures(settings) -> None:
         steps = [_steps_of(server.url, key, prompt_ids(6, 9))[0] for key in ("ka", "kb")]
     engine.stop()
     assert settings.shares_memory and steps == [None, None]
+
+
+# ----------------------------------------------------------------------------- flags
+
+
+def test_serve_flags_parse_with_vllm_names(tmp_path) -> None:
+    from lookahead.cli import build_parser
+    from lookahead.server.cli import _allowed_hosts, _api_keys
+
+    keys = tmp_path / "keys.txt"
+    keys.write_text("# the team's key\nk-file\n\n")
+    args = build_parser().parse_args([
+        "serve", "--max-num-seqs", "3", "--max-model-len", "100", "--max-tokens", "7",
+        "--api-key", "k-flag", "--api-key-file", str(keys), "--allowed-host", "box:9"])
+    assert (args.max_batch_size, args.max_model_len, args.max_tokens) == (3, 100, 7)
+    assert _api_keys(args) == ("k-flag", "k-file")
+    assert _allowed_hosts("127.0.0.1", args.allowed_host) == {"localhost", "127.0.0.1", "[::1]",
+                                                              "box"}
+    assert _allowed_hosts("::1", []) is not None
+    assert _allowed_hosts("0.0.0.0", []) is None  # not loopback and nothing named: any Host
+    assert _allowed_hosts("0.0.0.0", ["box"]) == {"localhost", "127.0.0.1", "[::1]", "box"}
+
+
+@pytest.mark.parametrize("content, says", [(None, "cannot read"), ("# none\n\n", "holds no key"),
+                                           ("two words\n", "printable ASCII")])
+def test_a_bad_api_key_file_is_an_error_naming_it(tmp_path, capsys, content, says) -> None:
+    from lookahead.cli import main
+
+    path = tmp_path / "keys.txt"
+    if content is not None:
+        path.write_text(content)
+    with pytest.raises(SystemExit) as info:
+        main(["serve", "--model", "/no/such/model", "--api-key-file", str(path)])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert "--api-key" in err and says in err

@@ -11,6 +11,7 @@ import json
 import sys
 
 import lookahead
+from lookahead.commands.chat import ctrl_c_requests_stop
 from lookahead.commands.common import (
     TextDelta,
     UsageError,
@@ -64,9 +65,14 @@ def run(args: argparse.Namespace) -> int:
     out = sys.stdout
     # The prompt's last tokens in front: the first word keeps the space it has after them.
     delta = TextDelta(tokenizer, context=input_ids[0, -4:].tolist())
-    for tokens in stream:
-        out.write(delta.push(tokens))
-        out.flush()
+    # Ctrl-C sets a flag checked after each step (a second one raises at once): raised at an
+    # arbitrary bytecode, a KeyboardInterrupt can land in a finaliser, where Python drops it.
+    with ctrl_c_requests_stop() as stop:
+        for tokens in stream:
+            out.write(delta.push(tokens))
+            out.flush()
+            if stop.is_set():
+                raise KeyboardInterrupt  # cli.main: "interrupted", status 130
     out.write(delta.finish() + "\n")
     out.flush()
     if args.stats:

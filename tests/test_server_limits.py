@@ -471,3 +471,36 @@ def test_a_bad_api_key_file_is_an_error_naming_it(tmp_path, capsys, content, say
     assert info.value.code == 2
     err = capsys.readouterr().err
     assert "--api-key" in err and says in err
+
+
+def test_metrics_have_process_and_vllm_names_in_a_registry_per_server() -> None:
+    model, tokenizer = server_llama(), server_tokenizer()
+    engines = [Engine(model, tokenizer, EngineConfig(), model_name=MODEL).start()
+               for _ in range(2)]
+    body = {**GOOD, "prompt": prompt_ids(6, 12)[0].tolist(), "max_tokens": 20,
+            "lookahead": {"method": "prompt_lookup"}}
+    texts = []
+    for engine, requests in zip(engines, (1, 0)):
+        with ServerThread(create_app(engine, ServerSettings(MODEL, "autoregressive"))) as server:
+            for _ in range(requests):
+                assert httpx.post(server.url + "/v1/completions", json=body,
+                                  timeout=30).status_code == 200
+            texts.append(httpx.get(server.url + "/metrics").text)
+        engine.stop()
+    samples = {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
+               for line in texts[0].splitlines() if line and not line.startswith("#")}
+    label = f'{{model_name="{MODEL}"}}'
+    drafts = samples["vllm:spec_decode_num_drafts_total" + label]
+    proposed = samples["vllm:spec_decode_num_draft_tokens_total" + label]
+    accepted = samples["vllm:spec_decode_num_accepted_tokens_total" + label]
+    assert drafts >= 1 and proposed >= drafts and 0 <= accepted <= proposed
+    assert accepted == samples['lookahead_spec_decode_num_accepted_tokens_total'
+                               '{method="prompt_lookup"}']
+    per_pos = [value for key, value in samples.items()
+               if key.startswith("vllm:spec_decode_num_accepted_tokens_per_pos_total{")]
+    assert sum(per_pos) == accepted
+    if accepted:
+        assert samples[f'vllm:spec_decode_num_accepted_tokens_per_pos_total{{model_name="{MODEL}"'
+                       f',position="0"}}'] >= 1
+    assert samples["process_resident_memory_bytes"] > 0 and "process_cpu_seconds_total" in samples
+    assert "vllm:spec_decode_num_drafts_total" + label not in texts[1]  # its own registry

@@ -504,3 +504,23 @@ def test_metrics_have_process_and_vllm_names_in_a_registry_per_server() -> None:
                        f',position="0"}}'] >= 1
     assert samples["process_resident_memory_bytes"] > 0 and "process_cpu_seconds_total" in samples
     assert "vllm:spec_decode_num_drafts_total" + label not in texts[1]  # its own registry
+
+
+def test_a_client_that_leaves_mid_body_is_no_error(caplog) -> None:
+    engine, server = served()
+    caplog.set_level(logging.ERROR)
+    with server:
+        port = int(server.url.rsplit(":", 1)[1])
+        with socket.create_connection(("127.0.0.1", port)) as sock:
+            sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                         b"Content-Type: application/json\r\nContent-Length: 1000\r\n\r\n{\"mo")
+            time.sleep(0.2)  # the server is reading the body
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and not caplog.records:
+            response = httpx.post(server.url + "/v1/completions", json=GOOD, timeout=30)
+            if response.status_code == 200:
+                break
+        time.sleep(0.2)
+    engine.stop()
+    assert response.status_code == 200
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.records

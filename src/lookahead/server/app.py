@@ -37,6 +37,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from jinja2 import TemplateError
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from lookahead.api import make_decoder
 from lookahead.config import METHODS
@@ -239,6 +240,8 @@ async def _handle(request: Request, state: _State, chat: bool) -> Response:
         raw = await read_body(request, settings.max_body_bytes)
     except BodyTooLargeError:
         return too_large_error(settings.max_body_bytes)
+    except ClientDisconnect:  # gone before its body was whole: nobody to answer
+        return Response(status_code=499)
     body = await state.run(_validate, raw, ChatCompletionRequest if chat else CompletionRequest)
     if body.model != settings.model_name:
         raise ApiError(404, f"The model '{body.model}' does not exist; this server serves "

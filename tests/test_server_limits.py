@@ -524,3 +524,22 @@ def test_a_client_that_leaves_mid_body_is_no_error(caplog) -> None:
     engine.stop()
     assert response.status_code == 200
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.records
+
+
+def test_loadtest_sends_the_api_key(tmp_path) -> None:
+    import lookahead.cli
+
+    engine, server = served(ServerSettings(MODEL, "autoregressive", api_keys=("k-load",)))
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text(json.dumps({"prompt": "w10 w11 w10 w11", "chat": False}) + "\n")
+    argv = ["loadtest", "--concurrency", "1", "--requests", "1", "--max-tokens", "3",
+            "--warmup", "0", "--methods", "autoregressive", "--dataset", str(prompts)]
+    with server:
+        argv += ["--url", server.url, "--out", str(tmp_path / "out")]
+        code = lookahead.cli.main([*argv, "--api-key", "k-load"])
+        with pytest.raises(SystemExit):  # refused: "not an OpenAI-compatible server"
+            lookahead.cli.main(argv)
+    engine.stop()
+    assert code == 0
+    report = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert report["cells"][0]["completed"] == 1

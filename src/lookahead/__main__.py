@@ -1,5 +1,9 @@
 import sys
 
-from lookahead.cli.main import main
+try:
+    from lookahead.cli.main import main
+except KeyboardInterrupt:  # Ctrl-C while torch and transformers import: no traceback
+    print("\nlookahead: interrupted", file=sys.stderr)
+    sys.exit(130)
 
 sys.exit(main())

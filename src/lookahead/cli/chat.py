@@ -12,7 +12,10 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
+import select
 import signal
+import sys
 import threading
 from collections.abc import Iterator
 
@@ -60,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
     messages: list[dict[str, str]] = []
     while True:
         try:
-            text = console.input(PROMPT).strip()
+            text = read_line(console, PROMPT).strip()
         except (EOFError, KeyboardInterrupt):
             console.print()
             return 0
@@ -83,6 +86,25 @@ def run(args: argparse.Namespace) -> int:
         stream = lookahead.stream(model, input_ids, budget, args.method, **options)
         answer = answer_turn(console, tokenizer, stream, debug=args.debug)
         messages.append({"role": "assistant", "content": answer})
+
+
+def read_line(console: Console, prompt: str) -> str:
+    """``console.input(prompt)``, but a Ctrl-C that comes right after the prompt is not lost.
+
+    ``input()`` blocks in read() just after writing the prompt: a SIGINT that lands in between
+    only sets Python's flag, and the read then waits for a line that may never come (a test
+    that pressed Ctrl-C as soon as the prompt showed hung on a busy machine). Waiting for the
+    terminal with select(), which returns every 0.1 s, runs the handler within that time.
+    """
+    if os.name != "posix" or not sys.stdin.isatty():
+        return console.input(prompt)
+    console.print(prompt, end="")
+    while not select.select([sys.stdin], [], [], 0.1)[0]:
+        pass
+    line = sys.stdin.readline()
+    if not line:  # Ctrl-D
+        raise EOFError
+    return line.rstrip("\n")
 
 
 def answer_turn(console: Console, tokenizer, stream, *, debug: bool) -> str:

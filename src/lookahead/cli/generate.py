@@ -12,6 +12,7 @@ import sys
 
 import lookahead
 from lookahead.argtypes import UsageError
+from lookahead.cli.chat import ctrl_c_requests_stop
 from lookahead.cli.options import set_handler
 from lookahead.cli.options import add_max_new_tokens, add_method_args, add_model_args
 from lookahead.detokenize import Detokenizer
@@ -60,9 +61,14 @@ def run(args: argparse.Namespace) -> int:
     out = sys.stdout
     # The prompt decoded in front: the first word keeps the space it has after it.
     delta = Detokenizer(tokenizer, prompt=input_ids[0].tolist())
-    for tokens in stream:
-        out.write(delta.push(tokens))
-        out.flush()
+    # Ctrl-C sets a flag checked after each step (a second one raises at once): raised at an
+    # arbitrary bytecode, a KeyboardInterrupt can land in a finaliser, where Python drops it.
+    with ctrl_c_requests_stop() as stop:
+        for tokens in stream:
+            out.write(delta.push(tokens))
+            out.flush()
+            if stop.is_set():
+                raise KeyboardInterrupt  # cli.main: "interrupted", status 130
     out.write(delta.finish() + "\n")
     out.flush()
     if args.stats:

@@ -1,13 +1,17 @@
 """``lookahead serve`` and ``lookahead loadtest``.
 
     lookahead serve --model smollm2-135m --method lookahead --port 8000
+    lookahead serve --model smollm2-135m --host 0.0.0.0 --api-key-file key.txt
     lookahead loadtest --url http://127.0.0.1:8000 --concurrency 1,2,4,8 --requests 16
+
+Every limit and its default: docs/server.md, "Limits and flags".
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import ipaddress
 import logging
 import signal
 import threading
@@ -18,9 +22,9 @@ from lookahead.api import check_draft_model, resolve_auto_shape
 from lookahead.cli.loading import load, load_named
 from lookahead.cli.options import set_handler
 from lookahead.cli.options import add_method_args, add_model_args, check_copying_method
-from lookahead.argtypes import UsageError, int_in
+from lookahead.argtypes import UsageError, float_in, int_in
 from lookahead.config import SAMPLING_OPTIONS
-from lookahead.sources.memory import DEFAULT_CAPACITY, TextMemory
+from lookahead.sources.memory import DEFAULT_CAPACITY
 
 logger = logging.getLogger(__name__)
 
@@ -43,7 +47,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     group.add_argument("--port", type=int_in(0, 65535), default=8000, help="(default: 8000)")
     group.add_argument("--served-model-name", metavar="NAME",
                        help="the name clients pass as `model` (default: --model)")
-    group.add_argument("--max-batch-size", type=int_in(1, 4096), default=16, metavar="N",
+    group.add_argument("--max-batch-size", "--max-num-seqs", dest="max_batch_size",
+                       type=int_in(1, 4096), default=16, metavar="N",
                        help="requests decoded together (default: 16)")
     group.add_argument("--max-queue", type=int_in(0, 1 << 20), default=64, metavar="N",
                        help="requests allowed to wait for the batch; more get 429 (default: 64)")
@@ -58,12 +63,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                        "(default: 512)")
     group.add_argument("--memory", action="store_true",
                        help="lookahead and prompt lookup also copy from the texts of earlier "
-                       f"requests (kept in the server's memory, at most {DEFAULT_CAPACITY} tokens)")
+                       f"requests (at most {DEFAULT_CAPACITY} tokens), kept apart per API key: "
+                       "a client copies only from texts sent with its own key. Without "
+                       "--api-key all clients are one, so this is --shared-memory")
+    group.add_argument("--shared-memory", action="store_true",
+                       help="--memory with one memory for all clients. Then a client's "
+                       "speed, and the acceptance figures (hidden from clients for this "
+                       "reason), depend on the texts of other clients: a client can probe "
+                       "what others sent. Use it only where all clients trust each other")
     group.add_argument("--no-warmup", action="store_true",
                        help="skip the warm-up before serving: one forward pass of every step "
                        "size and prefill length, and a short generation (they take the "
                        "first-call costs off the first clients, and bring memory to its "
                        "working level before serving)")
+    _add_limit_args(serve)
     set_handler(serve, run_serve)
 
     from lookahead.server import loadtest
@@ -77,6 +90,42 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     set_handler(test, loadtest.run)
 
 
+def _add_limit_args(serve: argparse.ArgumentParser) -> None:
+    access = serve.add_argument_group("access")
+    access.add_argument("--api-key", action="append", default=[], metavar="KEY",
+                        help="every /v1 request must send 'Authorization: Bearer KEY' (may be "
+                        "given more than once; a key on the command line shows in `ps`: "
+                        "prefer --api-key-file)")
+    access.add_argument("--api-key-file", metavar="PATH",
+                        help="read API keys from PATH, one per line (blank lines and lines "
+                        "starting with # are skipped)")
+    access.add_argument("--allowed-host", action="append", default=[], metavar="NAME",
+                        help="also accept requests whose Host header names NAME. A server on a "
+                        "loopback address accepts only localhost, 127.0.0.1 and [::1] (a "
+                        "guard against DNS rebinding); on another address, only the names "
+                        "given here if any ('*': any name)")
+    limits = serve.add_argument_group("limits")
+    limits.add_argument("--max-model-len", type=int_in(2, 1 << 30), metavar="N",
+                        help="the longest text served, prompt and answer (default: the "
+                        "model's context)")
+    limits.add_argument("--max-tokens", type=int_in(1, 1 << 30), default=2048, metavar="N",
+                        help="the most tokens one request may ask for, and what a chat request "
+                        "that names none gets (default: 2048)")
+    limits.add_argument("--request-timeout", type=float_in(0, 1e7), default=600.0,
+                        metavar="S", help="end a request (waiting or running) after S seconds "
+                        "with an error; 0: never (default: 600)")
+    limits.add_argument("--max-body-bytes", type=int_in(1024, 1 << 31), default=4 << 20,
+                        metavar="N", help="largest request body; larger ones get 413 unread "
+                        "(default: 4194304, 4 MiB)")
+    limits.add_argument("--max-prompt-chars", type=int_in(1, 1 << 31), metavar="N",
+                        help="longest prompt (chat: the messages' text) in characters, refused "
+                        "before it is tokenized (default: 32 x the context length)")
+    limits.add_argument("--health-stall-timeout", type=float_in(0, 1e7, low_open=True),
+                        default=120.0, metavar="S",
+                        help="/health answers 503 when the engine has work and no step ended "
+                        "for S seconds (default: 120)")
+
+
 def run_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
@@ -88,8 +137,9 @@ def run_serve(args: argparse.Namespace) -> int:
             flag = "--" + name.replace("_", "-")
             raise UsageError(flag, "sampling is chosen per request (temperature, top_p, seed "
                              "in the request body)")
-    if args.memory:
-        check_copying_method("--memory", args.method)
+    if args.memory or args.shared_memory:
+        check_copying_method("--shared-memory" if args.shared_memory else "--memory", args.method)
+    api_keys = _api_keys(args)
     # A draft model serves requests that ask for method "draft", whatever the default method.
     draft_name = args.draft_model
     if args.method != "draft":
@@ -111,12 +161,25 @@ def run_serve(args: argparse.Namespace) -> int:
         prefill_token_budget=args.prefill_token_budget,
         adaptive_budget=not args.fixed_budget,
         warm_up=not args.no_warmup,
+        request_timeout=args.request_timeout or None,
+        max_model_len=args.max_model_len,
     )
-    engine = Engine(model, tokenizer, config)
-    warm_up_options = None if args.no_warmup else dict(options)  # no memory: not a request
-    if args.memory:
-        options["memory"] = TextMemory()
-    settings = ServerSettings(args.served_model_name or args.model, args.method, options, draft)
+    name = args.served_model_name or args.model
+    engine = Engine(model, tokenizer, config, model_name=name)
+    warm_up_options = None if args.no_warmup else dict(options)
+    settings = ServerSettings(
+        name, args.method, options, draft, api_keys=api_keys,
+        allowed_hosts=_allowed_hosts(args.host, args.allowed_host),
+        max_body_bytes=args.max_body_bytes, max_prompt_chars=args.max_prompt_chars,
+        max_tokens=args.max_tokens,
+        memory="shared" if args.shared_memory else "per-key" if args.memory else None,
+        health_stall_s=args.health_stall_timeout)
+    if settings.shares_memory:
+        logger.warning("one --memory for all clients: each can probe the others' texts through "
+                       "its own speed; use --api-key to keep them apart")
+    if not api_keys and not _is_loopback(args.host):
+        logger.warning("serving on %s without --api-key: anyone who can reach it may use it",
+                       args.host)
     server = uvicorn.Server(uvicorn.Config(
         create_app(engine, settings), host=args.host, port=args.port,
         log_level="info" if args.verbose else "warning"))
@@ -139,6 +202,44 @@ def run_serve(args: argparse.Namespace) -> int:
         raise UsageError("--port", f"the server could not listen on {args.host}:{args.port} "
                          "(see the message above)")
     return 0
+
+
+def _api_keys(args: argparse.Namespace) -> tuple[str, ...]:
+    """--api-key values and the keys of --api-key-file."""
+    keys = list(args.api_key)
+    if args.api_key_file:
+        try:
+            with open(args.api_key_file, encoding="utf-8") as handle:
+                lines = [line.strip() for line in handle]
+        except (OSError, UnicodeDecodeError) as error:
+            raise UsageError("--api-key-file", f"cannot read {args.api_key_file}: {error}") from None
+        found = [line for line in lines if line and not line.startswith("#")]
+        if not found:
+            raise UsageError("--api-key-file", f"{args.api_key_file} holds no key")
+        keys += found
+    for key in keys:
+        if not key or not key.isascii() or not key.isprintable() or " " in key:
+            raise UsageError("--api-key", "a key must be printable ASCII without spaces")
+    return tuple(keys)
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def _allowed_hosts(host: str, extra: list[str]) -> frozenset[str] | None:
+    """The Host names to accept: on loopback, loopback names and ``extra``; elsewhere, only
+    ``extra`` when given (None: any)."""
+    from lookahead.server.guard import allowed_host_set
+
+    if _is_loopback(host) or extra:
+        return allowed_host_set(extra)
+    return None
 
 
 def _serve_http(engine, server, method: str, warm_up_options: dict | None) -> None:

@@ -3,61 +3,67 @@
 Endpoints: ``POST /v1/completions``, ``POST /v1/chat/completions`` (both streamed as SSE when
 ``stream`` is true), ``GET /v1/models``, ``GET /health``, ``GET /metrics`` (Prometheus text).
 
-A request is checked and turned into a ``Decoder`` here, in the event loop (so that every bad
-argument is a 400 before anything reaches the engine), then submitted to the engine; its
-events come back through the request's ``RequestHandle``. A client that goes away cancels its
-request: the engine drops it from the batch at its next iteration.
+Before an endpoint runs, ``guard.Guard`` checks the Host header, the API key and the declared
+body size. A request is then checked cheapest first, so that a flood of bad or oversized
+requests costs little: the body is read up to ``max_body_bytes``; it is parsed and its fields
+checked (strict types, in a worker thread); the model name; whether the queue has room; the
+prompt's length in characters. Only then is the prompt tokenized (chat template included) and
+the ``Decoder`` built, in the worker thread, never on the event loop, which must stay free to
+answer ``/health`` and stream other requests. Every bad argument is a 400 before anything
+reaches the engine; the request is then submitted and its events come back through its
+``RequestHandle`` (``respond.py``).
 
 Errors use OpenAI's body ``{"error": {"message", "type", "param", "code"}}``: 400 for a bad
-request (``param`` names the field), 404 for an unknown model, 429 when the queue is full,
-500 when decoding failed. The server keeps serving after every one of them.
+request (``param`` names the field), 401 without the API key, 404 for an unknown model, 413
+for a body over the limit, 429 when the queue is full, 500 when decoding failed (the message
+names the request's id, which the log has with the traceback; it never quotes an exception),
+503 while shutting down, 504 past ``--request-timeout``. The server keeps serving after every
+one of them.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
+import contextlib
 import logging
 import re
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import (
-    JSONResponse,
-    PlainTextResponse,
-    Response,
-    StreamingResponse,
-)
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from jinja2 import TemplateError
+from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from lookahead.api import make_decoder
 from lookahead.config import METHODS
-from lookahead.models.load import chat_prompt
 from lookahead.kernels.packing import packing_of
-from lookahead.server.engine import (
-    Engine,
-    EngineClosedError,
-    ErrorEvent,
-    FinishEvent,
-    QueueFullError,
-    TokenEvent,
-)
+from lookahead.models.load import chat_prompt
+from lookahead.server.engine import Engine, EngineClosedError, QueueFullError
+from lookahead.server.guard import BodyTooLargeError, Guard, read_body, too_large_error
+from lookahead.server.metrics import CONTENT_TYPE
+from lookahead.sources.memory import DEFAULT_CAPACITY, MEMORY_METHODS, TextMemory
 from lookahead.server.protocol import (
+    BodyError,
     ChatCompletionRequest,
     CompletionRequest,
-    chunk_body,
-    completion_body,
     error_body,
     new_id,
-    usage,
+    parse_body,
 )
+from lookahead.server.respond import complete_response, stream_response
 
 logger = logging.getLogger(__name__)
 
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
+# Characters per token that a prompt may average before it is refused untokenized (see
+# ServerSettings.max_prompt_chars): real text averages 3-5; 32 leaves room for odd text.
+PROMPT_CHARS_PER_TOKEN = 32
+MEMORY_SCOPES = ("per-key", "shared")
 
 
 class ApiError(Exception):
@@ -80,39 +86,108 @@ class ServerSettings:
 
     model_name: the name clients pass as ``model``. method / method_options: the default
     method and its options. draft_model: the loaded draft for method "draft", if any.
+    api_keys: keys a ``/v1`` request must bear one of (``Authorization: Bearer``); () none.
+    allowed_hosts: the ``Host`` names accepted (``guard.allowed_host_set``); None: any.
+    max_body_bytes: largest request body; more is refused with 413 before it is read.
+    max_prompt_chars: longest prompt, in characters, tokenized at all (the messages' text, for
+        chat); None: ``PROMPT_CHARS_PER_TOKEN`` times the engine's context.
+    max_tokens: the most new tokens one request may ask for, and what a chat request that
+        asks for none gets (OpenAI would give the whole rest of the context).
+    memory: "per-key": the copying methods also copy from earlier requests' texts, kept
+        apart per API key; "shared": one memory for all clients. None: no memory. Where
+        clients share a memory ("shared", or "per-key" without ``api_keys``, where every
+        client is the same client) no acceptance figures are reported to them: they would
+        tell one client about the text of another.
+    memory_capacity: tokens each memory keeps.
+    health_stall_s: ``/health`` answers 503 when the engine has work and made no progress for
+        this many seconds (a hung forward pass).
     """
 
     model_name: str
     method: str = "lookahead"
     method_options: Mapping[str, object] = field(default_factory=dict)
     draft_model: object | None = None
+    api_keys: tuple[str, ...] = ()
+    allowed_hosts: frozenset[str] | None = None
+    max_body_bytes: int = 4 << 20
+    max_prompt_chars: int | None = None
+    max_tokens: int = 2048
+    memory: str | None = None
+    memory_capacity: int = DEFAULT_CAPACITY
+    health_stall_s: float = 60.0
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
             raise ValueError(f"method must be one of {', '.join(METHODS)}; got {self.method!r}")
+        if self.memory not in (None, *MEMORY_SCOPES):
+            raise ValueError(f"memory must be None or one of {MEMORY_SCOPES}; got {self.memory!r}")
+        for name in ("max_body_bytes", "max_tokens"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)!r}")
+
+    @property
+    def shares_memory(self) -> bool:
+        """Whether one client's text can shape what another's requests accept (a memory
+        shared by all clients: "shared", or "per-key" without keys, where all are one)."""
+        if self.memory == "per-key":
+            return not self.api_keys
+        return self.memory == "shared" or "memory" in self.method_options
+
+    def prompt_char_limit(self, context: int | None) -> int:
+        if self.max_prompt_chars is not None:
+            return self.max_prompt_chars
+        return PROMPT_CHARS_PER_TOKEN * (context if context is not None else 1 << 15)
+
+
+class _State:
+    """Per-app state: the worker thread, the memories per API key, requests being prepared."""
+
+    def __init__(self, engine: Engine, settings: ServerSettings) -> None:
+        self.engine, self.settings = engine, settings
+        # One thread: tokenizing off the event loop, and never two at once on one tokenizer.
+        self.pool = ThreadPoolExecutor(1, thread_name_prefix="lookahead-prepare")
+        self.memories: dict[int | None, TextMemory] = {}
+        self.preparing = 0  # changed on the event loop only
+
+    async def run(self, function, *args):
+        return await asyncio.get_running_loop().run_in_executor(self.pool, function, *args)
+
+    def memory_for(self, key_index: int | None) -> TextMemory | None:
+        """The memory of the client with API key ``key_index`` (bounded: one per key)."""
+        if self.settings.memory is None:
+            return None
+        scope = None if self.settings.memory == "shared" else key_index
+        if scope not in self.memories:
+            self.memories[scope] = TextMemory(self.settings.memory_capacity)
+        return self.memories[scope]
+
+    def memory_tokens(self) -> int | None:
+        legacy = self.settings.method_options.get("memory")
+        if legacy is not None:
+            return len(legacy)
+        if self.settings.memory is None:
+            return None
+        return sum(len(memory) for memory in list(self.memories.values()))
 
 
 def create_app(engine: Engine, settings: ServerSettings) -> FastAPI:
     """The FastAPI app serving ``engine``. The caller starts and stops the engine."""
-    app = FastAPI(title="lookahead", version="0.1.0")
-    app.state.engine, app.state.settings = engine, settings
+    state = _State(engine, settings)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI):
+        yield
+        state.pool.shutdown(wait=False, cancel_futures=True)
+
+    app = FastAPI(title="lookahead", version="0.1.0", lifespan=lifespan)
+    app.state.engine, app.state.settings, app.state.lookahead = engine, settings, state
+    app.add_middleware(Guard, allowed_hosts=settings.allowed_hosts, api_keys=settings.api_keys,
+                       max_body_bytes=settings.max_body_bytes)
     _install_error_handlers(app)
 
     @app.get("/health")
     async def health() -> JSONResponse:
-        status = 200 if engine.alive else 503
-        body = {"status": "ok" if engine.alive else "engine stopped",
-                "running": engine.running_count, "waiting": engine.waiting_count,
-                "active": engine.active_count,
-                "packed_weights": packing_of(engine.model),
-                "step_budget": engine.budget.table()}
-        memory = settings.method_options.get("memory")
-        if memory is not None:  # `serve --memory`: how much earlier text it holds
-            body["memory_tokens"] = len(memory)
-        datastore = settings.method_options.get("datastore")
-        if datastore is not None:  # `serve --datastore`: the corpus's size
-            body["datastore_tokens"] = len(datastore)
-        return JSONResponse(body, status_code=status)
+        return _health(state)
 
     @app.get("/v1/models")
     async def models() -> dict:
@@ -121,52 +196,123 @@ def create_app(engine: Engine, settings: ServerSettings) -> FastAPI:
 
     @app.get("/metrics")
     async def metrics() -> PlainTextResponse:
-        return PlainTextResponse(engine.metrics.render(),
-                                 media_type="text/plain; version=0.0.4; charset=utf-8")
+        return PlainTextResponse(engine.metrics.render(), media_type=CONTENT_TYPE)
 
     @app.post("/v1/completions")
-    async def completions(body: CompletionRequest, request: Request) -> Response:
-        if isinstance(body.prompt, str):
-            ids = engine.tokenizer(body.prompt, return_tensors="pt")["input_ids"]
-        else:
-            ids = _token_ids(body.prompt, engine)
-        return await _serve(request, body, ids, chat=False)
+    async def completions(request: Request) -> Response:
+        return await _handle(request, state, chat=False)
 
     @app.post("/v1/chat/completions")
-    async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
+    async def chat_completions(request: Request) -> Response:
+        return await _handle(request, state, chat=True)
+
+    return app
+
+
+def _health(state: _State) -> JSONResponse:
+    engine, settings = state.engine, state.settings
+    stalled = engine.stalled_for()
+    if not engine.alive:
+        status = "engine stopped"
+    elif stalled > settings.health_stall_s:
+        status = (f"engine stalled: no step ended in {stalled:.0f} s with "
+                  f"{engine.active_count} requests in it")
+    else:
+        status = "ok"
+    body = {"status": status, "running": engine.running_count, "waiting": engine.waiting_count,
+            "active": engine.active_count, "packed_weights": packing_of(engine.model),
+            "step_budget": engine.budget.table()}
+    memory = state.memory_tokens()
+    if memory is not None:  # `serve --memory`: how much earlier text it holds
+        body["memory_tokens"] = memory
+    datastore = settings.method_options.get("datastore")
+    if datastore is not None:  # `serve --datastore`: the corpus's size
+        body["datastore_tokens"] = len(datastore)
+    return JSONResponse(body, status_code=200 if status == "ok" else 503)
+
+
+async def _handle(request: Request, state: _State, chat: bool) -> Response:
+    """One completion request, checked cheapest first (see the module docstring)."""
+    engine, settings = state.engine, state.settings
+    rid = new_id("chatcmpl" if chat else "cmpl")
+    request.state.request_id = rid
+    try:
+        raw = await read_body(request, settings.max_body_bytes)
+    except BodyTooLargeError:
+        return too_large_error(settings.max_body_bytes)
+    except ClientDisconnect:  # gone before its body was whole: nobody to answer
+        return Response(status_code=499)
+    body = await state.run(_validate, raw, ChatCompletionRequest if chat else CompletionRequest)
+    if body.model != settings.model_name:
+        raise ApiError(404, f"The model '{body.model}' does not exist; this server serves "
+                       f"'{settings.model_name}'", "model", code="model_not_found")
+    limit = engine.config.max_queue
+    if engine.waiting_count + state.preparing >= limit:
+        raise ApiError(429, f"{engine.waiting_count + state.preparing} requests are already "
+                       f"waiting (max_queue={limit}); retry later", None,
+                       "rate_limit_exceeded", "queue_full")
+    _check_prompt_size(body, chat, settings.prompt_char_limit(engine.context_length))
+    memory = state.memory_for(getattr(request.state, "api_key_index", None))
+    state.preparing += 1
+    try:
+        decoder, method = await state.run(_prepare, engine, settings, body, chat, memory)
+        handle = engine.submit(decoder, stop=body.stop_strings, method=method,
+                               loop=asyncio.get_running_loop(), request_id=rid)
+    except QueueFullError as error:
+        raise ApiError(429, str(error), None, "rate_limit_exceeded", "queue_full") from None
+    except EngineClosedError as error:
+        raise ApiError(503, str(error), None, "server_error") from None
+    finally:
+        state.preparing -= 1
+    if body.stream:
+        return stream_response(handle, rid, body.model, chat, body.include_usage)
+    return await complete_response(request, handle, rid, body.model, chat,
+                                   with_stats=not settings.shares_memory)
+
+
+def _validate(raw: bytes, model: type):
+    """The request body as ``model``; a 400 naming the field otherwise (worker thread)."""
+    try:
+        return model.model_validate(parse_body(raw))
+    except BodyError as error:
+        raise ApiError(400, str(error), error.param) from None
+    except ValidationError as error:
+        raise _validation_error(error.errors(include_url=False, include_input=False),
+                                prefix=()) from None
+
+
+def _check_prompt_size(body, chat: bool, limit: int) -> None:
+    """Refuse a prompt that cannot fit before tokenizing it (tokenizing costs its length)."""
+    if chat:
+        chars = sum(len(message.text) for message in body.messages)
+        param = "messages"
+    else:
+        chars, param = len(body.prompt), "prompt"  # characters, or token ids
+        if not isinstance(body.prompt, str):
+            return  # token ids: at most the body size allows; checked against the context
+    if chars > limit:
+        raise ApiError(400, f"the prompt has {chars} characters; this server takes at most "
+                       f"{limit} (--max-prompt-chars)", param, code="context_length_exceeded")
+
+
+def _prepare(engine: Engine, settings: ServerSettings, body, chat: bool,
+             memory: TextMemory | None):
+    """Tokenize the prompt and build the request's ``Decoder`` (in the worker thread)."""
+    if chat:
         messages = [{"role": m.role, "content": m.text} for m in body.messages]
         try:
             ids = chat_prompt(engine.tokenizer, messages)
         except (ValueError, TypeError, KeyError, TemplateError) as error:  # e.g. a role it rejects
             raise ApiError(400, f"cannot apply the chat template: {error}", "messages") from None
-        return await _serve(request, body, ids, chat=True)
-
-    return app
-
-
-async def _serve(request: Request, body, input_ids, chat: bool) -> Response:
-    engine: Engine = request.app.state.engine
-    settings: ServerSettings = request.app.state.settings
-    if body.model != settings.model_name:
-        raise ApiError(404, f"The model '{body.model}' does not exist; this server serves "
-                       f"'{settings.model_name}'", "model", code="model_not_found")
-    decoder, method = _decoder(engine, settings, body, input_ids, chat)
-    try:
-        handle = engine.submit(decoder, stop=body.stop_strings, method=method,
-                               loop=asyncio.get_running_loop())
-    except QueueFullError as error:
-        raise ApiError(429, str(error), None, "rate_limit_exceeded", "queue_full") from None
-    except EngineClosedError as error:
-        raise ApiError(503, str(error), None, "server_error") from None
-    rid = new_id("chatcmpl" if chat else "cmpl")
-    if body.stream:
-        stream = _sse(handle, rid, body.model, chat, body.include_usage)
-        return StreamingResponse(stream, media_type="text/event-stream",
-                                 headers={"Cache-Control": "no-cache"})
-    return await _complete(request, handle, rid, body.model, chat)
+    elif isinstance(body.prompt, str):
+        ids = engine.tokenizer(body.prompt, return_tensors="pt")["input_ids"]
+    else:
+        ids = _token_ids(body.prompt, engine)
+    return _decoder(engine, settings, body, ids, chat, memory)
 
 
-def _decoder(engine: Engine, settings: ServerSettings, body, input_ids, chat: bool):
+def _decoder(engine: Engine, settings: ServerSettings, body, input_ids, chat: bool,
+             memory: TextMemory | None):
     """The request's ``Decoder`` and method; every invalid argument is a 400 naming its field."""
     prompt_param = "messages" if chat else "prompt"
     context = engine.context_length
@@ -177,16 +323,24 @@ def _decoder(engine: Engine, settings: ServerSettings, body, input_ids, chat: bo
         raise ApiError(400, f"This model's maximum context length is {context} tokens; the "
                        f"prompt has {prompt_len} tokens", prompt_param,
                        code="context_length_exceeded")
-    max_tokens = body.token_limit if chat else body.max_tokens
-    if max_tokens is None:  # OpenAI's defaults: 16 for completions, the context's rest for chat
-        room = (context - prompt_len) if context is not None else 1 << 30
-        max_tokens = room if chat else min(COMPLETION_DEFAULT_MAX_TOKENS, room)
+    asked = body.token_limit if chat else body.max_tokens
+    field = "max_completion_tokens" if chat and body.max_completion_tokens else "max_tokens"
+    if asked is not None and asked > settings.max_tokens:
+        raise ApiError(400, f"{field} is {asked}; this server writes at most "
+                       f"{settings.max_tokens} tokens per request (--max-tokens)", field)
+    room = (context - prompt_len) if context is not None else 1 << 30
+    if asked is None:  # OpenAI's defaults, under --max-tokens: 16 for completions
+        max_tokens = min(COMPLETION_DEFAULT_MAX_TOKENS if not chat else settings.max_tokens,
+                         room)
+    else:
+        max_tokens = asked
     if context is not None and prompt_len + max_tokens > context:
-        field = "max_completion_tokens" if chat and body.max_tokens is None else "max_tokens"
         raise ApiError(400, f"This model's maximum context length is {context} tokens; the "
                        f"prompt has {prompt_len} tokens and {field} is {max_tokens}", field,
                        code="context_length_exceeded")
     method, options = _method_options(settings, body)
+    if memory is not None and method == settings.method and method in MEMORY_METHODS:
+        options["memory"] = memory
     try:
         decoder = make_decoder(engine.model, input_ids, max_tokens, method, **options)
     except (ValueError, TypeError) as error:
@@ -253,70 +407,6 @@ def _token_ids(prompt: list[int], engine: Engine):
     return torch.tensor([prompt], dtype=torch.long)
 
 
-def _sse_data(body: dict | str) -> str:
-    return f"data: {body if isinstance(body, str) else json.dumps(body)}\n\n"
-
-
-async def _sse(handle, rid: str, model: str, chat: bool, include_usage: bool) -> AsyncIterator[str]:
-    """The response's server-sent events; leaving early (the client left) cancels the request."""
-    finished = False
-    try:
-        if chat:
-            yield _sse_data(chunk_body(rid, model, chat, role=True))
-        async for event in handle.aevents():
-            if isinstance(event, TokenEvent):
-                yield _sse_data(chunk_body(rid, model, chat, text=event.text))
-            elif isinstance(event, FinishEvent):
-                finished = True
-                yield _sse_data(chunk_body(rid, model, chat, reason=event.reason))
-                if include_usage:
-                    counts = usage(event.prompt_tokens, event.completion_tokens)
-                    yield _sse_data(chunk_body(rid, model, chat, usage_=counts))
-            elif isinstance(event, ErrorEvent):
-                finished = True
-                yield _sse_data(error_body(event.message, "server_error"))
-        yield _sse_data("[DONE]")
-    finally:
-        if not finished:
-            handle.cancel()
-
-
-async def _complete(request: Request, handle, rid: str, model: str, chat: bool) -> Response:
-    """Wait for the whole answer, watching for the client going away meanwhile."""
-    text: list[str] = []
-    final: list = []
-
-    async def gather() -> None:
-        async for event in handle.aevents():
-            if isinstance(event, TokenEvent):
-                text.append(event.text)
-            else:
-                final.append(event)
-
-    task = asyncio.ensure_future(gather())
-    try:
-        while not task.done():
-            await asyncio.wait({task}, timeout=0.5)
-            if not task.done() and await request.is_disconnected():
-                handle.cancel()
-                task.cancel()
-                return Response(status_code=499)
-    finally:
-        if not task.done():
-            task.cancel()
-            handle.cancel()
-    event = final[0]
-    if isinstance(event, ErrorEvent):
-        raise ApiError(500, event.message, None, "server_error")
-    stats = {"method": event.stats.method, "steps": event.stats.steps,
-             "tokens_per_step": round(event.stats.tokens_per_step, 3),
-             "mean_accepted": round(event.stats.mean_accepted, 3),
-             "seconds": round(event.stats.seconds, 4),
-             "time_to_first_token": round(event.stats.time_to_first_token, 4)}
-    counts = usage(event.prompt_tokens, event.completion_tokens)
-    return JSONResponse(completion_body(rid, model, "".join(text), event.reason, counts, chat, stats))
-
-
 # ----------------------------------------------------------------------------- errors
 
 
@@ -327,15 +417,7 @@ def _install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def invalid(_: Request, error: RequestValidationError) -> JSONResponse:
-        first = error.errors()[0] if error.errors() else {}
-        param = _param_of_loc(first.get("loc", ()))
-        if first.get("type") == "missing":
-            message = f"Missing required parameter: '{param}'"
-        elif first.get("type") == "json_invalid":
-            message, param = "The body is not valid JSON", None
-        else:
-            message = f"Invalid value for '{param}': {first.get('msg', 'invalid')}"
-        return JSONResponse(error_body(message, param=param), status_code=400)
+        return _validation_error(error.errors(), prefix=("body",)).response()
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(_: Request, error: StarletteHTTPException) -> JSONResponse:
@@ -343,20 +425,36 @@ def _install_error_handlers(app: FastAPI) -> None:
                             status_code=error.status_code)
 
     @app.exception_handler(Exception)
-    async def unexpected(_: Request, error: Exception) -> JSONResponse:
-        logger.exception("unexpected error")
-        return JSONResponse(error_body(f"{type(error).__name__}: {error}", "server_error"),
-                            status_code=500)
+    async def unexpected(request: Request, error: Exception) -> JSONResponse:
+        # The exception's text can quote internals (paths, other requests' data): it goes to
+        # the log only, under an id the client can quote.
+        rid = getattr(request.state, "request_id", None) or new_id("error")
+        logger.exception("request %s failed", rid)
+        return JSONResponse(error_body(f"the server failed on request {rid}; its log has the "
+                                       "details", "server_error"), status_code=500)
+
+
+def _validation_error(errors, prefix: tuple) -> ApiError:
+    """pydantic's first error as a 400 naming the field (``messages[0].role``)."""
+    first = errors[0] if errors else {}
+    loc = tuple(first.get("loc", ()))
+    param = _param_of_loc(loc[len(prefix):] if loc[: len(prefix)] == prefix else loc)
+    if first.get("type") == "missing":
+        return ApiError(400, f"Missing required parameter: '{param}'", param)
+    if first.get("type") == "json_invalid":
+        return ApiError(400, "The body is not valid JSON")
+    where = f"'{param}'" if param else "the body"
+    return ApiError(400, f"Invalid value for {where}: {first.get('msg', 'invalid')}", param)
 
 
 _TYPE_TAGS = frozenset({"str", "int", "float", "bool", "dict", "list", "none"})
 
 
 def _param_of_loc(loc) -> str | None:
-    """pydantic's error location -> the field, e.g. ("body", "messages", 0, "role") ->
+    """pydantic's error location -> the field, e.g. ("messages", 0, "role") ->
     "messages[0].role"; union member tags ("str", "list[int]") are left out."""
     param = ""
-    for part in list(loc)[1:]:
+    for part in loc:
         if isinstance(part, int):
             param += f"[{part}]"
             continue

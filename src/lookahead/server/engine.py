@@ -29,181 +29,42 @@ import asyncio
 import ctypes
 import itertools
 import logging
-import queue
 import threading
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Iterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
 
 import torch
 
 from lookahead.cache import cache_keyword, decoding_pass
-from lookahead.config import check_int
 from lookahead.decode import Decoder, StepPlan, longrope_switch
 from lookahead.server.batch_cache import BatchedCache
 from lookahead.server.budget import BudgetPolicy
 from lookahead.detokenize import Detokenizer
+from lookahead.server.engine_config import EngineConfig
 from lookahead.server.metrics import ServerMetrics
+from lookahead.server.requests import (
+    ERROR_INTERNAL,
+    ERROR_SHUTDOWN,
+    ERROR_TIMEOUT,
+    EngineClosedError,
+    EngineRequest,
+    ErrorEvent,
+    Event,
+    FinishEvent,
+    QueueFullError,
+    RequestHandle,
+    TokenEvent,
+)
 from lookahead.server.shapes import prefill_length, warm_up
-from lookahead.stats import GenerationStats
+
+__all__ = ["Engine", "EngineClosedError", "EngineConfig", "ErrorEvent", "Event", "FinishEvent",
+           "QueueFullError", "RequestHandle", "TokenEvent", "release_free_memory"]
 
 logger = logging.getLogger(__name__)
 
 # How long an idle engine waits for work before looking again (for pending signals only).
 _IDLE_WAIT_S = 0.5
-
-
-@dataclass(frozen=True)
-class EngineConfig:
-    """How the engine shares the model between requests.
-
-    step_token_budget: input tokens of one batched forward pass, shared by the running requests
-        (each gets ``max(1, budget // running)``). 64 suits SmolLM2-135M on a 2-core CPU, where
-        a 64-token forward costs ~1.5x a 1-token one.
-    max_batch_size: requests decoded together; more wait in the queue.
-    max_queue: requests allowed to wait; beyond it ``submit`` raises ``QueueFullError``.
-    prefill_token_budget: prompt tokens prefilled per iteration (at least one request), so that
-        a burst of arrivals does not stall the running requests for long.
-    adaptive_budget: below the ceiling ``step_token_budget // running``, give each request the
-        share that measured best (``BudgetPolicy``); False always gives the ceiling.
-    explore: with ``adaptive_budget``, the fraction of steps that try a neighbouring share.
-    compact_waste: compact the cache when this fraction of its columns is waste. Every step
-        attends over every column, so waste costs each step, while a compaction copies the
-        cache once or twice: at 16 requests on SmolLM2, 0.1 ran 1.07-1.27x faster than 0.5 in
-        each of 4 alternating runs (measured when each step also copied the whole cache).
-    compact_min_columns: ... but not before it has this many columns.
-    prefill_buckets: prefill prompts right-padded to a few lengths (``shapes.prefill_length``)
-        so that the memory oneDNN keeps per forward shape stays bounded.
-    warm_up: before serving, run every step size and prefill length up to
-        ``prefill_token_budget`` once (``shapes.warm_up``), so that memory reaches its working
-        level at start and the first requests do not pay for compiling kernels.
-    """
-
-    step_token_budget: int = 64
-    max_batch_size: int = 16
-    max_queue: int = 64
-    prefill_token_budget: int = 512
-    adaptive_budget: bool = True
-    explore: float = 0.1
-    compact_waste: float = 0.1
-    compact_min_columns: int = 64
-    prefill_buckets: bool = True
-    warm_up: bool = False
-
-    def __post_init__(self) -> None:
-        check_int("step_token_budget", self.step_token_budget, 1, 1 << 16)
-        check_int("max_batch_size", self.max_batch_size, 1, 1 << 12)
-        check_int("max_queue", self.max_queue, 0, 1 << 20)
-        check_int("prefill_token_budget", self.prefill_token_budget, 1, 1 << 24)
-        check_int("compact_min_columns", self.compact_min_columns, 1, 1 << 24)
-        if not 0.0 <= self.explore <= 1.0:
-            raise ValueError(f"explore must be in [0, 1], got {self.explore!r}")
-        if not 0.0 < self.compact_waste < 1.0:
-            raise ValueError(f"compact_waste must be in (0, 1), got {self.compact_waste!r}")
-
-
-class QueueFullError(RuntimeError):
-    """Too many requests are waiting; the HTTP layer answers 429."""
-
-
-class EngineClosedError(RuntimeError):
-    """The engine was stopped."""
-
-
-@dataclass(frozen=True)
-class TokenEvent:
-    """New text of a request (never empty)."""
-
-    text: str
-
-
-@dataclass(frozen=True)
-class FinishEvent:
-    """The request ended. reason: "stop" (EOS or a stop string), "length" or "cancelled"."""
-
-    reason: str
-    prompt_tokens: int
-    completion_tokens: int
-    token_ids: list[int]
-    stats: GenerationStats
-
-
-@dataclass(frozen=True)
-class ErrorEvent:
-    """The request failed inside the engine; the server goes on with the others."""
-
-    message: str
-
-
-Event = TokenEvent | FinishEvent | ErrorEvent
-
-
-class RequestHandle:
-    """The caller's side of one request: its events, and a switch to cancel it.
-
-    With ``loop`` (an asyncio loop) read the events with ``async for event in handle.aevents()``
-    in that loop; without, with ``for event in handle.events()``. Both end after a
-    ``FinishEvent`` or ``ErrorEvent``.
-    """
-
-    def __init__(self, request_id: str, wake, loop: asyncio.AbstractEventLoop | None) -> None:
-        self.id = request_id
-        self._wake = wake
-        self._loop = loop
-        self._queue: asyncio.Queue | queue.Queue = asyncio.Queue() if loop else queue.Queue()
-        self._cancelled = threading.Event()
-
-    @property
-    def cancelled(self) -> bool:
-        return self._cancelled.is_set()
-
-    def cancel(self) -> None:
-        """Stop decoding this request and free its memory (at the engine's next iteration)."""
-        if not self._cancelled.is_set():
-            self._cancelled.set()
-            self._wake()
-
-    def events(self, timeout: float | None = None) -> Iterator[Event]:
-        while True:
-            event = self._queue.get(timeout=timeout)
-            yield event
-            if not isinstance(event, TokenEvent):
-                return
-
-    async def aevents(self) -> AsyncIterator[Event]:
-        while True:
-            event = await self._queue.get()
-            yield event
-            if not isinstance(event, TokenEvent):
-                return
-
-    def emit(self, event: Event) -> None:
-        """Called by the engine thread."""
-        if self._loop is None:
-            self._queue.put(event)
-            return
-        try:
-            self._loop.call_soon_threadsafe(self._queue.put_nowait, event)
-        except RuntimeError:  # the loop is closed: nobody is listening any more
-            pass
-
-
-@dataclass(eq=False)
-class _Request:
-    """A submitted request as the engine tracks it."""
-
-    handle: RequestHandle
-    decoder: Decoder
-    detokenizer: Detokenizer
-    method: str
-    arrived: float = field(default_factory=time.perf_counter)
-    last_token_at: float = 0.0
-
-    @property
-    def past(self) -> int:
-        """Tokens in the request's cache: every committed token but the last (x0)."""
-        return len(self.decoder.context) - 1
 
 
 def release_free_memory() -> None:
@@ -236,19 +97,20 @@ class Engine:
     """
 
     def __init__(self, model, tokenizer, config: EngineConfig | None = None,
-                 metrics: ServerMetrics | None = None) -> None:
+                 metrics: ServerMetrics | None = None, model_name: str | None = None) -> None:
         self.model = model
         self.tokenizer = tokenizer
         self._cache_keyword = cache_keyword(model)  # "cache" or "past_key_values"
         self.config = config or EngineConfig()
         self.metrics = metrics or ServerMetrics(
+            model_name if model_name is not None else getattr(model, "name_or_path", ""),
             running=lambda: self.running_count,
             waiting=lambda: self.waiting_count,
             cache_columns=lambda: self._cache.columns,
         )
         self._wakeup = threading.Condition()
-        self._waiting: deque[_Request] = deque()
-        self._running: list[_Request] = []  # running[i] owns row i of the cache
+        self._waiting: deque[EngineRequest] = deque()
+        self._running: list[EngineRequest] = []  # running[i] owns row i of the cache
         self._cache = BatchedCache()
         self.budget = BudgetPolicy(self.config.step_token_budget, self.config.adaptive_budget,
                                    self.config.explore)
@@ -257,6 +119,8 @@ class Engine:
         self._live = 0  # submitted and not yet retired (guarded by _wakeup)
         self._thread: threading.Thread | None = None
         self._looping = False
+        # time.monotonic() when the loop last finished an iteration or found nothing to do
+        self._progress_at = time.monotonic()
 
     # ------------------------------------------------------------------ caller's side
 
@@ -296,8 +160,20 @@ class Engine:
 
     @property
     def alive(self) -> bool:
-        """Whether the loop is running (or about to, after ``start``)."""
-        return self._looping
+        """Whether the loop is running (or about to, after ``start``), and its thread too."""
+        thread = self._thread
+        return self._looping and (thread is None or thread.is_alive())
+
+    def stalled_for(self) -> float:
+        """Seconds since the loop last made progress while it had work (0 when it has none).
+
+        The loop marks progress after each iteration and each idle wait (at most
+        ``_IDLE_WAIT_S`` apart), so a large value means a step that does not end: a forward
+        pass that hangs, a deadlock. ``/health`` reports 503 past its limit.
+        """
+        if not self._live:  # not the queues: a request being prefilled is in neither
+            return 0.0
+        return max(0.0, time.monotonic() - self._progress_at)
 
     @property
     def context_length(self) -> int | None:
@@ -309,7 +185,7 @@ class Engine:
         whole cache there, which a shared batch cannot do for one row.
         """
         limits = [getattr(self.model.config, "max_position_embeddings", None),
-                  longrope_switch(self.model.config)]
+                  longrope_switch(self.model.config), self.config.max_model_len]
         return min((limit for limit in limits if limit is not None), default=None)
 
     @property
@@ -327,11 +203,18 @@ class Engine:
         return self._live
 
     def submit(self, decoder: Decoder, *, stop: Sequence[str] = (), method: str = "",
-               loop: asyncio.AbstractEventLoop | None = None) -> RequestHandle:
-        """Queue a request; raises ``QueueFullError`` when ``max_queue`` requests already wait."""
-        handle = RequestHandle(f"req-{next(self._ids)}", self._wake, loop)
-        request = _Request(handle, decoder, Detokenizer(self.tokenizer, decoder.prompt, stop),
-                           method or decoder.stats.method)
+               loop: asyncio.AbstractEventLoop | None = None,
+               request_id: str | None = None) -> RequestHandle:
+        """Queue a request; raises ``QueueFullError`` when ``max_queue`` requests already wait.
+
+        request_id: names the request in the log (default ``req-N``).
+        """
+        handle = RequestHandle(request_id or f"req-{next(self._ids)}", self._wake, loop)
+        request = EngineRequest(handle, decoder, Detokenizer(self.tokenizer, decoder.prompt, stop),
+                                method or decoder.stats.method)
+        timeout = self.config.request_timeout
+        if timeout is not None:
+            request.deadline = request.arrived + timeout
         with self._wakeup:
             if self._stopping:
                 raise EngineClosedError("the engine is stopped")
@@ -367,6 +250,7 @@ class Engine:
                     # Python handler (KeyboardInterrupt, see Engine.run) only once this thread
                     # runs bytecode again; an unbounded wait would keep an idle server up.
                     self._wakeup.wait(_IDLE_WAIT_S)
+                    self._progress_at = time.monotonic()
                 if self._stopping:
                     break
             try:
@@ -376,6 +260,7 @@ class Engine:
                 logger.exception("engine step failed; failing the %d running requests",
                                  len(self._running))
                 self._remove(list(range(len(self._running))), error=error)
+            self._progress_at = time.monotonic()
 
     def _iterate(self) -> None:
         # 1. Cancelled requests leave (a disconnected client frees its memory and queue slot).
@@ -385,13 +270,27 @@ class Engine:
             gone = [r for r in self._waiting if r.handle.cancelled]
             self._waiting = deque(r for r in self._waiting if not r.handle.cancelled)
         for request in gone:
-            self._finish(request, "cancelled")
+            self._finish_safely(request, "cancelled")
         self._retire(len(gone))
+        self._time_out()
         # 2. Prefill new requests while the batch has room.
         self._admit()
         # 3. One forward pass for every running request's step.
         if self._running:
             self._step()
+
+    def _time_out(self) -> None:
+        """End the requests past their deadline (running or waiting) with a timeout error."""
+        now = time.perf_counter()
+        late = [i for i, r in enumerate(self._running) if r.deadline <= now]
+        self._remove(late, error=TimeoutError())
+        with self._wakeup:
+            gone = [r for r in self._waiting if r.deadline <= now]
+            if gone:
+                self._waiting = deque(r for r in self._waiting if r.deadline > now)
+        for request in gone:
+            self._fail(request, TimeoutError())
+        self._retire(len(gone))
 
     def _admit(self) -> None:
         spent = 0
@@ -405,7 +304,7 @@ class Engine:
             if not self._prefill(request):
                 self._retire(1)
 
-    def _prefill(self, request: _Request) -> bool:
+    def _prefill(self, request: EngineRequest) -> bool:
         """Run the prompt alone (its first token) and add its cache as a row; False when the
         request ended there (done at its first token, or failed)."""
         try:
@@ -421,6 +320,10 @@ class Engine:
             logger.exception("prefill of %s failed", request.handle.id)
             self._fail(request, error)
             return False
+        except BaseException:  # the loop ends (see run): in no queue, it would get no answer
+            self._fail(request, EngineClosedError())
+            self._retire(1)
+            raise
         request.decoder.cache = None  # the batch owns the entries now
         self._running.append(request)
         return True
@@ -481,7 +384,7 @@ class Engine:
             self._remove([row], error=error)
         return plans
 
-    def _finish_step(self, request: _Request, plan: StepPlan,
+    def _finish_step(self, request: EngineRequest, plan: StepPlan,
                      logits: torch.Tensor) -> tuple[bool, int, list[int]]:
         """Verify and accept one request's step: whether it is done, how many tokens it
         committed, and which of its step entries stay in the cache."""
@@ -491,12 +394,17 @@ class Engine:
             logger.exception("verifying %s failed", request.handle.id)
             self._fail(request, error)
             return True, 0, []
-        self.metrics.record_step(request.method, request.decoder.stats)
-        return self._deliver(request, committed), len(committed), keep
+        try:  # the text or the figures of one request failing ends that request alone
+            self.metrics.record_step(request.method, request.decoder.stats)
+            return self._deliver(request, committed), len(committed), keep
+        except Exception as error:
+            logger.exception("delivering %s's tokens failed", request.handle.id)
+            self._fail(request, error)
+            return True, len(committed), keep
 
     # ------------------------------------------------------------------ requests' lifecycle
 
-    def _deliver(self, request: _Request, committed: list[int]) -> bool:
+    def _deliver(self, request: EngineRequest, committed: list[int]) -> bool:
         """Send the text of newly committed tokens; finish the request if it is done."""
         now = time.perf_counter()
         decoder = request.decoder
@@ -520,7 +428,7 @@ class Engine:
             return True
         return False
 
-    def _finish(self, request: _Request, reason: str) -> None:
+    def _finish(self, request: EngineRequest, reason: str) -> None:
         decoder = request.decoder
         if reason != "cancelled":
             rest = request.detokenizer.push([], final=True)
@@ -532,9 +440,29 @@ class Engine:
         request.handle.emit(FinishEvent(reason, len(decoder.prompt), decoder.stats.new_tokens,
                                         decoder.new_tokens, decoder.stats))
 
-    def _fail(self, request: _Request, error: BaseException) -> None:
-        self.metrics.requests.inc(1, "error", type(error).__name__)
-        request.handle.emit(ErrorEvent(f"{type(error).__name__}: {error}"))
+    def _finish_safely(self, request: EngineRequest, reason: str) -> None:
+        """``_finish``, failing the request instead if that raises (its last text, metrics)."""
+        try:
+            self._finish(request, reason)
+        except Exception as error:
+            logger.exception("finishing %s failed", request.handle.id)
+            self._fail(request, error)
+
+    def _fail(self, request: EngineRequest, error: BaseException) -> None:
+        """End the request with an ``ErrorEvent`` whose message quotes nothing of ``error``."""
+        if isinstance(error, TimeoutError):
+            event = ErrorEvent(f"the request ran longer than the server's limit of "
+                               f"{self.config.request_timeout:g} s", ERROR_TIMEOUT)
+        elif isinstance(error, EngineClosedError):
+            event = ErrorEvent("the server is shutting down", ERROR_SHUTDOWN)
+        else:  # the traceback was logged by the caller, under the request's id
+            event = ErrorEvent(f"the server failed while decoding request {request.handle.id}; "
+                               "its log has the details", ERROR_INTERNAL)
+        try:
+            self.metrics.requests.inc(1, "error", event.code)
+        except Exception:  # a metric must not keep the client waiting for its answer
+            logger.exception("counting the error of %s failed", request.handle.id)
+        request.handle.emit(event)
 
     def _remove(self, rows: list[int], reason: str | None = None,
                 error: BaseException | None = None) -> None:
@@ -545,7 +473,7 @@ class Engine:
             if error is not None:
                 self._fail(self._running[row], error)
             elif reason is not None:
-                self._finish(self._running[row], reason)
+                self._finish_safely(self._running[row], reason)
         gone = set(rows)
         remaining = [r for i, r in enumerate(self._running) if i not in gone]
         if remaining:

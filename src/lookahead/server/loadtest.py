@@ -88,6 +88,8 @@ class Cell:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--url", default="http://127.0.0.1:8000", help="the server's base URL")
+    parser.add_argument("--api-key", metavar="KEY",
+                        help="sent as 'Authorization: Bearer KEY' (a server started with --api-key)")
     parser.add_argument("--concurrency", default="1,2,4,8", type=_int_list,
                         help="comma-separated client counts (default: 1,2,4,8)")
     parser.add_argument("--requests", type=int_in(1, 1 << 20), default=16, metavar="N",
@@ -131,7 +133,9 @@ def run(args: argparse.Namespace) -> int:
 
 async def _run(args, prompts: list[Prompt]) -> dict:
     limits = httpx.Limits(max_connections=max(args.concurrency) + 4)
-    async with httpx.AsyncClient(base_url=args.url, timeout=args.timeout, limits=limits) as client:
+    headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else None
+    async with httpx.AsyncClient(base_url=args.url, timeout=args.timeout, limits=limits,
+                                 headers=headers) as client:
         model = await _served_model(client, args.url)
         health = await _health(client)
         rss_before = await _server_rss(client)

@@ -13,23 +13,35 @@ The extra body field ``lookahead`` picks the method and its shape per request::
 
 Its other keys are the method's options (``lookahead.api.METHOD_OPTIONS``), checked by the
 library's own config classes; ``ignore_eos`` keeps decoding past end-of-sequence tokens.
+
+Types are strict: ``"max_tokens": "16"`` or ``"stream": "yes"`` is a 400, not a guess (an
+integer is accepted where a number is expected). ``parse_body`` reads the raw body: it must be
+a JSON object whose strings are valid Unicode (no lone surrogates, which no tokenizer encodes).
 """
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 MAX_STOP_STRINGS = 4
+MAX_STOP_LENGTH = 256  # characters of one stop string: held back text grows with it
 
 
-class LookaheadOptions(BaseModel):
+class _Strict(BaseModel):
+    """No coercion: a string is not a number, 1 is not True (an int is a valid float)."""
+
+    model_config = ConfigDict(strict=True, extra="ignore")
+
+
+class LookaheadOptions(_Strict):
     """The ``lookahead`` extra field: method, method options, ``ignore_eos``."""
 
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(strict=True, extra="allow")
 
     method: str | None = None
     ignore_eos: bool = False
@@ -39,14 +51,12 @@ class LookaheadOptions(BaseModel):
         return dict(self.model_extra or {})
 
 
-class StreamOptions(BaseModel):
+class StreamOptions(_Strict):
     include_usage: bool = False
 
 
-class _Sampling(BaseModel):
+class _Sampling(_Strict):
     """Fields common to both endpoints."""
-
-    model_config = ConfigDict(extra="ignore")
 
     model: str
     max_tokens: int | None = Field(None, ge=1)
@@ -76,7 +86,18 @@ class _Sampling(BaseModel):
     def _stop_list(cls, stop):
         if isinstance(stop, list) and len(stop) > MAX_STOP_STRINGS:
             raise ValueError(f"at most {MAX_STOP_STRINGS} stop strings")
+        for one in [stop] if isinstance(stop, str) else stop or []:
+            if len(one) > MAX_STOP_LENGTH:
+                raise ValueError(f"a stop string may have at most {MAX_STOP_LENGTH} characters; "
+                                 f"got one of {len(one)}")
         return stop
+
+    @field_validator("stream_options")
+    @classmethod
+    def _stream_options_need_stream(cls, value, info: ValidationInfo):
+        if value is not None and info.data.get("stream") is not True:
+            raise ValueError("stream_options is only allowed when stream is true")
+        return value
 
     @field_validator("presence_penalty", "frequency_penalty")
     @classmethod
@@ -138,16 +159,12 @@ class CompletionRequest(_Sampling):
         return value
 
 
-class ContentPart(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-
+class ContentPart(_Strict):
     type: Literal["text"]
     text: str
 
 
-class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-
+class ChatMessage(_Strict):
     role: Literal["system", "user", "assistant", "developer", "tool"]
     content: str | list[ContentPart] | None = None
 
@@ -207,6 +224,70 @@ class ChatCompletionRequest(_Sampling):
     @property
     def token_limit(self) -> int | None:
         return self.max_completion_tokens or self.max_tokens
+
+
+# ----------------------------------------------------------------------------- the raw body
+
+
+class BodyError(ValueError):
+    """The body is not a request at all; ``param`` names the field at fault (or None)."""
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+def parse_body(raw: bytes) -> dict[str, Any]:
+    """The JSON object of a request body, before the fields are checked.
+
+    Raises ``BodyError`` for text that is not JSON, JSON that is not an object (``null``, a
+    list), and a string anywhere that holds a lone UTF-16 surrogate (``"\\ud800"`` is valid
+    JSON, but not Unicode that a tokenizer or a JSON answer can encode).
+    """
+    try:
+        body = json.loads(raw)
+    except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
+        raise BodyError("The body is not valid JSON") from None
+    if not isinstance(body, dict):
+        raise BodyError(f"the request body must be a JSON object, got {_json_kind(body)}")
+    bad = _surrogate_path(body)
+    if bad is not None:
+        raise BodyError(f"'{bad or 'body'}' holds a lone surrogate (\\ud800-\\udfff), which is "
+                        "not valid Unicode", bad or None)
+    return body
+
+
+def _json_kind(value: object) -> str:
+    kinds = {dict: "an object", list: "an array", str: "a string", bool: "a boolean",
+             int: "a number", float: "a number"}
+    return "null" if value is None else kinds.get(type(value), type(value).__name__)
+
+
+def _surrogate_path(body: object) -> str | None:
+    """The path (``messages[0].content``) of the first string or key with a lone surrogate."""
+    stack: list[tuple[object, str]] = [(body, "")]
+    while stack:  # not recursive: a deeply nested body must not exhaust the stack
+        value, path = stack.pop()
+        if isinstance(value, str):
+            if not _is_unicode(value):
+                return path
+        elif isinstance(value, dict):
+            for key, item in value.items():
+                where = f"{path}.{key}" if path else str(key)
+                if not _is_unicode(key):
+                    return path
+                stack.append((item, where))
+        elif isinstance(value, list):
+            stack.extend((item, f"{path}[{i}]") for i, item in enumerate(value))
+    return None
+
+
+def _is_unicode(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 # ----------------------------------------------------------------------------- responses

@@ -130,7 +130,7 @@ def test_a_bad_api_key_file_is_an_error_naming_it(tmp_path, capsys, content, say
 
 
 def test_loadtest_sends_the_api_key(tmp_path) -> None:
-    import lookahead.cli
+    import lookahead.cli.main
 
     engine, server = served(ServerSettings(MODEL, "autoregressive", api_keys=("k-load",)))
     prompts = tmp_path / "prompts.jsonl"
@@ -139,9 +139,9 @@ def test_loadtest_sends_the_api_key(tmp_path) -> None:
             "--warmup", "0", "--methods", "autoregressive", "--dataset", str(prompts)]
     with server:
         argv += ["--url", server.url, "--out", str(tmp_path / "out")]
-        code = lookahead.cli.main([*argv, "--api-key", "k-load"])
+        code = lookahead.cli.main.main([*argv, "--api-key", "k-load"])
         with pytest.raises(SystemExit):  # refused: "not an OpenAI-compatible server"
-            lookahead.cli.main(argv)
+            lookahead.cli.main.main(argv)
     engine.stop()
     assert code == 0
     report = json.loads((tmp_path / "out" / "results.json").read_text())

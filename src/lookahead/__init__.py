@@ -7,7 +7,7 @@
 
 from importlib.metadata import PackageNotFoundError, version
 
-from lookahead.api import GenerationResult, Stream, generate, stream
+from lookahead.api import GenerationResult, Stream, stream
 from lookahead.config import (
     METHODS,
     DraftConfig,
@@ -17,6 +17,7 @@ from lookahead.config import (
 )
 from lookahead.datastore import Datastore
 from lookahead.grouped_attention import use_grouped_attention
+from lookahead.hf_generate import custom_generate, generate
 from lookahead.memory import TextMemory
 from lookahead.packing import pack_weights, packing_problem
 from lookahead.stats import GenerationStats
@@ -46,6 +47,7 @@ __all__ = [
     "Stream",
     "TextMemory",
     "__version__",
+    "custom_generate",
     "generate",
     "load_model",
     "pack_weights",

@@ -98,6 +98,8 @@ class Decoder:
     ``memory``: where the finished text (prompt and output) is remembered for later requests.
     ``step_tokens``: the most tokens a step feeds the model, x0 included (``fit_budget``);
     None: all the proposer proposes.
+    ``controls``: Hugging Face logits processors and stopping criteria applied at every
+    verified position (``lookahead.controls.Controls``); None: plain logits, EOS and limit.
     """
 
     def __init__(
@@ -113,8 +115,10 @@ class Decoder:
         method: str = "",
         memory: TextMemory | None = None,
         step_tokens: int | None = None,
+        controls=None,
     ) -> None:
         self.model = model
+        self.controls = controls
         self.step_tokens = step_tokens
         self.proposer = proposer
         self.sampling = sampling
@@ -163,7 +167,7 @@ class Decoder:
         keep = 1 if length == len(self.prompt) else torch.tensor([last], device=ids.device)
         out = self._run_model(input_ids=ids, logits_to_keep=keep)
         keep_new(self.cache, len(self.prompt), [])  # drops the padding's entries, if any
-        token = choose(out.logits[0, -1], self.sampling, self.generator)
+        token = choose(self._scores(out.logits[0, -1:])[0], self.sampling, self.generator)
         self.stats.record_step(forward_tokens=length, proposed=0, accepted=0)
         self.proposer.start(self.prompt)
         return self._commit([token])
@@ -217,7 +221,7 @@ class Decoder:
         """
         tree, proposal = plan.tree, plan.proposal
         # 3. Verify: the longest acceptable root path, then a bonus or recovered token.
-        verdict = self._verify(tree, logits[: len(tree)], proposal)
+        verdict = self._verify(tree, self._scores(logits[: len(tree)], tree), proposal)
         # 4. Accept: commit the tokens, stopping at EOS or at max_new_tokens.
         committed = self._commit(verdict.tokens)
         accepted = min(len(verdict.nodes), len(committed))  # none count past an EOS or the limit
@@ -248,7 +252,8 @@ class Decoder:
         self._rope_cached_at = len(self.context)
         ids = torch.tensor([self.context], dtype=torch.long, device=self.model.device)
         out = self._run_model(input_ids=ids, logits_to_keep=1)
-        committed = self._commit([choose(out.logits[0, -1], self.sampling, self.generator)])
+        token = choose(self._scores(out.logits[0, -1:])[0], self.sampling, self.generator)
+        committed = self._commit([token])
         self.stats.record_step(len(self.context), 0, 0)
         self.proposer.update(self.context, StepOutcome(committed, 0, None))
         return committed
@@ -270,6 +275,13 @@ class Decoder:
         )
         return out.logits[0]
 
+    def _scores(self, logits: torch.Tensor, tree: TokenTree | None = None) -> torch.Tensor:
+        """Logits [R, V] of ``tree``'s nodes (None: the one position after the text) after
+        the request's logits processors, if it has any."""
+        if self.controls is None:
+            return logits
+        return self.controls.scores(self.context, tree, logits)
+
     def _run_model(self, **inputs):
         """One forward pass through the request's cache."""
         return decoding_pass(self.model, self.cache_keyword, self.cache, **inputs)
@@ -290,7 +302,9 @@ class Decoder:
         room = self.max_new_tokens - self.stats.new_tokens
         kept = tokens[:room]
         for i, token in enumerate(kept):
-            if token in self.eos_token_ids:
+            if token in self.eos_token_ids or (
+                self.controls is not None and self.controls.stops(self.context, kept[: i + 1])
+            ):
                 kept = kept[: i + 1]
                 self.finished = True
                 break

@@ -13,9 +13,12 @@ import copy
 
 import pytest
 import torch
-from transformers import GenerationConfig, LogitsProcessor, RepetitionPenaltyLogitsProcessor
-
 from tiny import word_tokenizer
+from transformers import (
+    GenerationConfig,
+    LogitsProcessor,
+    RepetitionPenaltyLogitsProcessor,
+)
 
 import lookahead
 from lookahead.controls import Controls
@@ -92,8 +95,9 @@ def padded_batch(model, tokenizer):
                      padding=True)
 
 
+@pytest.mark.parametrize("batched", [None, False], ids=["rows-together", "rows-apart"])
 @pytest.mark.parametrize("method", list(METHODS))
-def test_left_padded_batch_with_ragged_finishes(models, tokenizer, method):
+def test_left_padded_batch_with_ragged_finishes(models, tokenizer, method, batched):
     model, draft = models
     inputs = padded_batch(model, tokenizer)
     assert len(set(inputs["attention_mask"].sum(1).tolist())) == 3  # three lengths
@@ -105,7 +109,8 @@ def test_left_padded_batch_with_ragged_finishes(models, tokenizer, method):
     lengths = [(row != 0).sum().item() for row in ref[:, width:]]
     assert len(set(lengths)) > 1, f"rows end together: {lengths}"
     ours = lookahead.generate(model, **inputs, max_new_tokens=NEW, eos_token_id=eos,
-                              pad_token_id=0, method=method, **options(method, draft))
+                              pad_token_id=0, method=method, batched=batched,
+                              **options(method, draft))
     assert ours.sequences.tolist() == ref.tolist()
     assert len(ours.row_stats) == 3
     assert ours.stats.new_tokens == sum(s.new_tokens for s in ours.row_stats)
@@ -174,7 +179,7 @@ def test_streamer_gets_what_model_generate_gives_it(models, method):
 def test_custom_generate_inside_model_generate(models, tokenizer, method):
     model, draft = models
     inputs = padded_batch(model, tokenizer)
-    settings = dict(max_new_tokens=NEW, repetition_penalty=1.2, no_repeat_ngram_size=4)
+    settings = {"max_new_tokens": NEW, "repetition_penalty": 1.2, "no_repeat_ngram_size": 4}
     ref = hf(model, **inputs, **settings)
     ours = hf(model, **inputs, **settings, custom_generate=lookahead.custom_generate,
               method=method, **options(method, draft))
@@ -199,7 +204,7 @@ class ParityBan(LogitsProcessor):
 def test_custom_processor_sees_each_positions_own_prefix(models, method):
     model, draft = models
     ids = torch.tensor([echo(model, [7, 9, 7, 9, 7])])
-    kwargs = dict(max_new_tokens=NEW, logits_processor=[ParityBan()], min_new_tokens=6)
+    kwargs = {"max_new_tokens": NEW, "logits_processor": [ParityBan()], "min_new_tokens": 6}
     ref = hf(model, input_ids=ids, attention_mask=torch.ones_like(ids), **kwargs)
     ours = lookahead.generate(model, ids, method=method, **kwargs, **options(method, draft))
     assert ours.sequences.tolist() == ref.tolist()
@@ -212,7 +217,7 @@ def test_stop_strings(models, tokenizer, method):
     plain = hf(model, input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=NEW)
     new = plain[0, ids.shape[1] :].tolist()
     stop = f"{WORDS[new[4]]} {WORDS[new[5]]}"  # ends at the 6th new token at the latest
-    kwargs = dict(max_new_tokens=NEW, stop_strings=[stop], tokenizer=tokenizer)
+    kwargs = {"max_new_tokens": NEW, "stop_strings": [stop], "tokenizer": tokenizer}
     ref = hf(model, input_ids=ids, attention_mask=torch.ones_like(ids), **kwargs)
     assert ref.shape[1] <= ids.shape[1] + 6
     ours = lookahead.generate(model, ids, method=method, **kwargs, **options(method, draft))

@@ -97,7 +97,9 @@ def generate(model, input_ids=None, max_new_tokens=None, method: str = "lookahea
     is fed, x0 included; the window is left out first, then candidates (None: no cap). Where a
     pass of a few more tokens costs much more than one, a cap at the cost curve's knee spares
     tokens that the gauges, pricing each token alike, let through.
-    Sampling options for every method: do_sample, temperature, top_k, top_p, seed;
+    Sampling options for every method: do_sample, temperature, top_k, top_p, seed; what is
+    not given comes from the model's ``generation_config``, then transformers' defaults, as in
+    ``model.generate`` (so sampling cuts at top_k=50 unless told otherwise);
     ``eos_token_id`` overrides the model's own.
     Greedy output is token-for-token that of ``model.generate(do_sample=False)``.
     """
@@ -130,7 +132,7 @@ def make_decoder(model, input_ids, max_new_tokens, method, *, controls=None,
         )
     generator = None
     if sampling.do_sample:
-        generator = torch.Generator()
+        generator = torch.Generator(device=model.device)  # draws where the logits are
         if sampling.seed is None:
             generator.seed()
         else:

@@ -1,21 +1,28 @@
 """Decoding a (left-padded) batch as ``model.generate`` does, with processors and criteria.
 
-Each row is decoded on its own, stripped of its padding, with its own proposer, cache and
-statistics; the rows are then padded back as ``model.generate`` pads them: the prompts as
-given, and after a row's EOS ``pad_token_id`` up to the longest row. A row decoded alone
-is the row ``model.generate`` decodes in the batch (its padding is masked out there, and its
-positions start at its first real token), so the output is the same token for token.
+Each row is decoded stripped of its padding, with its own proposer, statistics and stopping
+point; the rows are then padded back as ``model.generate`` pads them: the prompts as given,
+and after a row's EOS ``pad_token_id`` up to the longest row. A row decoded alone is the row
+``model.generate`` decodes in the batch (its padding is masked out there, and its positions
+start at its first real token), so the output is the same token for token.
+
+The rows run either together, each step of every row in one forward pass over a batched KV
+cache (``lookahead.batch_cache``, the server's), or one after another (``batched=False``, and
+for long-RoPE models, whose cache is recomputed at a switch point one request at a time).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+import time
 from collections.abc import Sequence
 
 import torch
 
 from lookahead.api import make_decoder
+from lookahead.batch_cache import BatchedCache
+from lookahead.cache import cache_keyword, decoding_pass
 from lookahead.controls import Controls, row_processors, split_criteria
 from lookahead.stats import GenerationStats
 
@@ -82,14 +89,16 @@ def plan_rows(processors, criteria, sampling: dict, pad_token_id, width: int,
 
 
 def decode_batch(model, input_ids: torch.Tensor, pads: list[int], plan: RowPlan, method: str,
-                 options: dict, streamer=None, put_prompt: bool = True):
+                 options: dict, streamer=None, put_prompt: bool = True,
+                 batched: bool | None = None):
     """Decode every row of ``input_ids`` [B, W] (row b after its ``pads[b]`` padding tokens).
 
     Returns (sequences [B, W + T] on ``input_ids``' device, the rows' ``GenerationStats``).
     ``streamer`` (batch of one only) gets the prompt (unless ``put_prompt`` is False), then
-    each token, then ``end()``.
+    each token, then ``end()``. ``batched``: rows in one forward pass per step (None: when
+    there are several and the model allows it), or one after another (False).
     """
-    batch, width = input_ids.shape
+    batch = input_ids.shape[0]
     if streamer is not None and batch > 1:
         raise ValueError(f"streamer takes one sequence; got a batch of {batch}")
     if batch > 1 and plan.pad_token_id is None and plan.criteria:
@@ -97,18 +106,65 @@ def decode_batch(model, input_ids: torch.Tensor, pads: list[int], plan: RowPlan,
                          "an eos_token_id or pad_token_id to pad it with")
     if streamer is not None and put_prompt:
         streamer.put(input_ids.cpu())
-    rows, stats = [], []
-    for row in range(batch):
-        decoder = _row_decoder(model, input_ids, row, pads[row], plan, method, options, batch)
-        for committed in decoder:
-            if streamer is not None:
-                for token in committed:
-                    streamer.put(torch.tensor([token]))
-        rows.append(decoder.new_tokens)
-        stats.append(decoder.stats)
+    decoders = [_row_decoder(model, input_ids, row, pads[row], plan, method, options, batch)
+                for row in range(batch)]
+    if batched is None:
+        batched = batch > 1
+    if batched and decoders[0].rope_switch is None:
+        decode_together(model, decoders)
+    else:
+        for decoder in decoders:
+            for committed in decoder:
+                if streamer is not None:
+                    for token in committed:
+                        streamer.put(torch.tensor([token]))
     if streamer is not None:
         streamer.end()
-    return pad_rows(input_ids, rows, plan.pad_token_id), stats
+    rows = [decoder.new_tokens for decoder in decoders]
+    return pad_rows(input_ids, rows, plan.pad_token_id), [d.stats for d in decoders]
+
+
+@torch.inference_mode()
+def decode_together(model, decoders: list, compact_waste: float = 0.5) -> None:
+    """Run ``decoders`` (made, not started) to their ends, every running one's step in one
+    forward pass over a batched KV cache, as the server's engine does.
+
+    Each prompt is prefilled alone; its cache then becomes a row of the batch. A row that
+    finishes leaves the batch. When over ``compact_waste`` of the cache's columns are gaps
+    that rows left, the rows are compacted.
+    """
+    start = time.perf_counter()
+    cache, running = BatchedCache(), []
+    for decoder in decoders:
+        decoder.prefill()
+        decoder.stats.time_to_first_token = decoder.stats.seconds = time.perf_counter() - start
+        if not decoder.finished:
+            cache.add_row(decoder.cache)
+            decoder.cache = None  # the batch owns its entries now
+            running.append(decoder)
+    keyword = cache_keyword(model)
+    while running:
+        plans = [d.plan(len(d.context) - 1) for d in running]  # past: all but x0
+        step = cache.prepare_step(model.config, [p.layout for p in plans], model.dtype)
+        out = decoding_pass(model, keyword, cache.cache, input_ids=step.input_ids,
+                            position_ids=step.position_ids, attention_mask=step.mask,
+                            logits_to_keep=step.logit_rows)
+        cache.extend(step.position_ids)
+        kept, done = [], []
+        for row, (decoder, plan, logits) in enumerate(
+                zip(running, plans, cache.split_logits(step, out.logits))):
+            _, keep = decoder.finish(plan, logits)
+            kept.append(keep)
+            decoder.stats.seconds = time.perf_counter() - start
+            if decoder.finished:
+                done.append(row)
+        cache.keep(step.width, kept)
+        running = [d for row, d in enumerate(running) if row not in done]
+        if not running:
+            break
+        cache.remove_rows(done)
+        if cache.wasted() > compact_waste:
+            cache.compact()
 
 
 def _row_decoder(model, input_ids, row: int, pad: int, plan: RowPlan, method, options, batch):

@@ -72,7 +72,8 @@ def row_processors(processors: Sequence, row: int, batch: int) -> lp.LogitsProce
             processor.encoder_input_ids = processor.encoder_input_ids[row : row + 1]
         elif isinstance(processor, lp.PrefixConstrainedLogitsProcessor):
             allowed = processor._prefix_allowed_tokens_fn
-            processor._prefix_allowed_tokens_fn = lambda _batch_id, ids, row=row: allowed(row, ids)
+            processor._prefix_allowed_tokens_fn = (
+                lambda _batch_id, ids, row=row, allowed=allowed: allowed(row, ids))
         elif isinstance(processor, lp.EncoderNoRepeatNGramLogitsProcessor) and batch > 1:
             raise ValueError("encoder_no_repeat_ngram_size cannot be honoured for a batch of "
                              "several sequences; decode them one at a time")

@@ -25,7 +25,8 @@ from lookahead.config import SamplingConfig
 from lookahead.memory import TextMemory
 from lookahead.proposers.base import Proposal, Proposer, StepOutcome
 from lookahead.stats import GenerationStats
-from lookahead.verify import Verdict, choose, verify_greedy, verify_sampling, warp
+from lookahead.verify import (Verdict, choose, on_generator, verify_greedy, verify_sampling,
+                              warp)
 
 logger = logging.getLogger(__name__)
 
@@ -292,10 +293,12 @@ class Decoder:
         draft = None
         if proposal.draft_probs is not None:
             draft = {
-                n: proposal.draft_probs[c][o].cpu() for n, (c, o) in enumerate(tree.source) if n
+                n: on_generator(proposal.draft_probs[c][o], self.generator)
+                for n, (c, o) in enumerate(tree.source) if n
             }
-        # The request's generator lives on the CPU, so the draws happen there.
-        return verify_sampling(tree, warp(logits, self.sampling).cpu(), self.generator, draft)
+        # The draws happen where the request's generator lives (the model's device).
+        probs = on_generator(warp(logits, self.sampling), self.generator)
+        return verify_sampling(tree, probs, self.generator, draft)
 
     def _commit(self, tokens: list[int]) -> list[int]:
         """Append ``tokens`` up to the first EOS (kept) and the token limit; return them."""

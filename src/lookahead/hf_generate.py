@@ -59,7 +59,8 @@ _OUTPUTS = ("output_scores", "output_logits", "output_attentions", "output_hidde
 def generate(model, input_ids=None, max_new_tokens=_UNSET, method: str = "lookahead", *,
              attention_mask=None, generation_config: GenerationConfig | None = None,
              streamer=None, stop_strings=None, tokenizer=None, logits_processor=None,
-             stopping_criteria=None, prefix_allowed_tokens_fn=None, **kwargs):
+             stopping_criteria=None, prefix_allowed_tokens_fn=None,
+             batched: bool | None = None, **kwargs):
     """Decode ``input_ids`` (LongTensor [B, W]) with ``method``; returns a ``GenerationResult``.
 
     Takes what ``model.generate`` takes -- ``**tokenizer(texts, return_tensors="pt")``
@@ -75,6 +76,8 @@ def generate(model, input_ids=None, max_new_tokens=_UNSET, method: str = "lookah
 
     ``sequences``: [B, W + T], rows that end early padded with ``pad_token_id``;
     ``new_tokens``: [B, T]; ``stats``: all rows together (``row_stats``: each row's).
+    ``batched``: the rows of a batch share each step's forward pass (None, the default, for
+    several rows) or run one after another (False); the tokens are the same.
     """
     if isinstance(max_new_tokens, GenerationConfig) and generation_config is None:
         generation_config, max_new_tokens = max_new_tokens, _UNSET  # model.generate's order
@@ -104,7 +107,8 @@ def generate(model, input_ids=None, max_new_tokens=_UNSET, method: str = "lookah
                                             tokenizer=tokenizer)
     processors, sampling = split_warpers(processors, config.do_sample)
     plan = plan_rows(processors, criteria, sampling, config._pad_token_tensor, input_ids.shape[1])
-    sequences, stats = decode_batch(model, input_ids, pads, plan, method, options, streamer)
+    sequences, stats = decode_batch(model, input_ids, pads, plan, method, options, streamer,
+                                    batched=batched)
     return GenerationResult(sequences, merge_stats(stats, input_ids.shape[1]), tuple(stats))
 
 

@@ -35,6 +35,7 @@ from lookahead.commands.common import (
 )
 from lookahead.config import DraftConfig, LookaheadConfig, PromptLookupConfig
 from lookahead.datastore import check_spec
+from lookahead.devices import resolve_device
 
 logger = logging.getLogger(__name__)
 
@@ -103,6 +104,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def config_from_args(args: argparse.Namespace) -> BenchConfig:
     """The ``BenchConfig`` the arguments ask for (``--shape auto`` read from the profile)."""
     check_packing_dtype(args)  # before the models load, naming the flag
+    resolve_device(args.device, "--device")
     if args.datastore:
         check_spec(args.datastore)  # before the models load
     # A tuned profile may cap lookahead's steps; --max-step-tokens caps all of ours instead.
@@ -130,6 +132,7 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
         warmup=not args.no_warmup,
         cache_dir=args.cache_dir,
         packed_weights=args.packed_weights,
+        device=args.device,
     )
 
 

@@ -49,6 +49,7 @@ from lookahead.commands.common import (
     workload_arg,
 )
 from lookahead.config import MAX_DRAFT_TOKENS
+from lookahead.devices import resolve_device
 
 logger = logging.getLogger(__name__)
 
@@ -154,6 +155,7 @@ def run(args: argparse.Namespace) -> int:
     console = Console(stderr=True)
     try:
         check_packing_dtype(args)  # naming the flag, where TuneConfig would name the field
+        resolve_device(args.device, "--device")
         config = TuneConfig(
             model=args.model,
             dtype=args.dtype,
@@ -172,6 +174,7 @@ def run(args: argparse.Namespace) -> int:
             datastore=args.datastore,
             cost_scales=args.cost_scales,
             step_caps=args.max_step_tokens,
+            device=args.device,
         )
         columns = (
             TextColumn("{task.description}"),

@@ -36,6 +36,7 @@ from lookahead.config import (
     check_workload,
 )
 from lookahead.datastore import check_spec, load_datastore
+from lookahead.devices import resolve_device
 from lookahead.memory import MEMORY_METHODS
 from lookahead.models import (
     AUTO_DTYPE,
@@ -167,6 +168,10 @@ def add_model_args(parser: argparse.ArgumentParser, *, default: str | None = DEF
     )
     group.add_argument(
         "--dtype", type=dtype_name, default=AUTO_DTYPE, help=DTYPE_HELP
+    )
+    group.add_argument(
+        "--device", default=None, metavar="DEVICE",
+        help="where the model runs: cpu, cuda, cuda:1, mps (default: cpu)",
     )
     group.add_argument(
         "--threads",
@@ -436,10 +441,11 @@ def load(args: argparse.Namespace) -> Loaded:
 
         transformers_logging.disable_progress_bar()
     packed = getattr(args, "packed_weights", False)
-    model, tokenizer = load_named("--model", args.model, args.dtype, packed)
+    device = device_arg(args)
+    model, tokenizer = load_named("--model", args.model, args.dtype, packed, device)
     draft = None
     if has_method and args.method == "draft":
-        draft, _ = load_named("--draft-model", args.draft_model, args.dtype, packed)
+        draft, _ = load_named("--draft-model", args.draft_model, args.dtype, packed, device)
         try:
             check_draft_model(model, draft)
         except ValueError as error:
@@ -453,15 +459,25 @@ def load(args: argparse.Namespace) -> Loaded:
     return Loaded(model, tokenizer, options)
 
 
-def load_named(option: str, name: str, dtype: str, packed: bool | str | None = False
-               ) -> tuple[Any, Any]:
-    """``lookahead.load_model(name, dtype)``; an unknown name or path is a ``UsageError``.
+def device_arg(args: argparse.Namespace) -> Any:
+    """``--device`` as a ``torch.device`` (None: not given); a device this machine lacks is a
+    ``UsageError`` naming the flag, before any model loads."""
+    try:
+        return resolve_device(getattr(args, "device", None), "--device")
+    except ValueError as error:
+        raise UsageError("--device", str(error).removeprefix("--device ")) from None
+
+
+def load_named(option: str, name: str, dtype: str, packed: bool | str | None = False,
+               device: Any = None) -> tuple[Any, Any]:
+    """``lookahead.load_model(name, dtype, device=device)``; an unknown name or path is a
+    ``UsageError``.
 
     ``packed``: pack the weights (``--packed-weights``), not (False), or where the model
     allows it (None, the CLI's default).
     """
     try:
-        model, tokenizer = load_model(name, dtype=dtype)
+        model, tokenizer = load_model(name, dtype=dtype, device=device)
     except ModelNotAvailableError:
         raise
     except (ValueError, FileNotFoundError) as error:

@@ -1,7 +1,7 @@
 """An OpenAI-compatible server: many requests decoded together, speculation sized to the load.
 
     engine.py       one thread owning the model: continuous batching of ``Decoder`` requests
-    batch_cache.py  the batched KV cache (a row per request, per-column validity) and step input
+    (lookahead.batch_cache: the batched KV cache, a row per request, and its step input)
     budget.py       how many input tokens each request's step gets (adapts to load)
     detokenize.py   incremental text with OpenAI ``stop`` strings
     protocol.py     the OpenAI wire format: request models, responses, errors

@@ -41,7 +41,7 @@ import torch
 from lookahead.cache import cache_keyword, decoding_pass
 from lookahead.config import check_int
 from lookahead.decode import Decoder, StepPlan, longrope_switch
-from lookahead.server.batch_cache import BatchedCache
+from lookahead.batch_cache import BatchedCache
 from lookahead.server.budget import BudgetPolicy
 from lookahead.server.detokenize import Detokenizer
 from lookahead.server.metrics import ServerMetrics

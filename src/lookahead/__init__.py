@@ -21,7 +21,8 @@ except PackageNotFoundError:  # imported from a source tree that was never insta
 _EXPORTS = {
     "GenerationResult": "lookahead.api",
     "Stream": "lookahead.api",
-    "generate": "lookahead.api",
+    "generate": "lookahead.hf_generate",
+    "custom_generate": "lookahead.hf_generate",
     "stream": "lookahead.api",
     "METHODS": "lookahead.config",
     "DraftConfig": "lookahead.config",

@@ -37,14 +37,16 @@ GIVEN_SOURCE = "given"
 
 @dataclass(frozen=True)
 class GenerationResult:
-    """sequences: LongTensor [1, prompt_len + new_tokens]; stats: what the decoding did."""
+    """sequences: LongTensor [B, prompt_len + new_tokens]; stats: what the decoding did (all
+    rows together); row_stats: each row's, for a batch (else empty)."""
 
     sequences: torch.Tensor
     stats: GenerationStats
+    row_stats: tuple[GenerationStats, ...] = ()
 
     @property
     def new_tokens(self) -> torch.Tensor:
-        """LongTensor [1, new_tokens]."""
+        """LongTensor [B, new_tokens]."""
         return self.sequences[:, self.stats.prompt_tokens :]
 
 
@@ -66,8 +68,11 @@ class Stream:
         return torch.tensor([self._decoder.context], dtype=torch.long)
 
 
-def generate(model, input_ids, max_new_tokens: int = 256, method: str = "lookahead", **options):
-    """Decode ``input_ids`` (LongTensor [1, prompt_len]) and return a ``GenerationResult``.
+def generate(model, input_ids=None, max_new_tokens=None, method: str = "lookahead", **options):
+    """Decode ``input_ids`` (LongTensor [B, prompt_len]) and return a ``GenerationResult``.
+
+    This is ``lookahead.hf_generate.generate``, which also takes what ``model.generate``
+    takes (``attention_mask``, ``generation_config``, ``streamer``, ...), with its defaults.
 
     ``method`` is "autoregressive", "lookahead" (options window, ngram, guess, prompt_pool,
     output_pool, lookup_ngram, lookup_tokens, lookup_max_tokens, token_cost (what one more
@@ -84,14 +89,17 @@ def generate(model, input_ids, max_new_tokens: int = 256, method: str = "lookahe
     is fed, x0 included; the window is left out first, then candidates (None: no cap). Where a
     pass of a few more tokens costs much more than one, a cap at the cost curve's knee spares
     tokens that the gauges, pricing each token alike, let through.
-    Sampling options for every method: do_sample, temperature, top_k, top_p, seed;
+    Sampling options for every method: do_sample, temperature, top_k, top_p, seed; what is
+    not given comes from the model's ``generation_config``, then transformers' defaults, as in
+    ``model.generate`` (so sampling cuts at top_k=50 unless told otherwise);
     ``eos_token_id`` overrides the model's own.
     Greedy output is token-for-token that of ``model.generate(do_sample=False)``.
     """
-    stream_ = stream(model, input_ids, max_new_tokens, method, **options)
-    for _ in stream_:
-        pass
-    return GenerationResult(stream_.sequences, stream_.stats)
+    from lookahead.hf_generate import generate as _generate  # it builds on this module
+
+    if max_new_tokens is not None:
+        options["max_new_tokens"] = max_new_tokens
+    return _generate(model, input_ids, method=method, **options)
 
 
 def stream(model, input_ids, max_new_tokens: int = 256, method: str = "lookahead", **options):
@@ -99,8 +107,10 @@ def stream(model, input_ids, max_new_tokens: int = 256, method: str = "lookahead
     return Stream(make_decoder(model, input_ids, max_new_tokens, method, **options))
 
 
-def make_decoder(model, input_ids, max_new_tokens, method, **options) -> Decoder:
-    """Validate every argument and build the per-request ``Decoder``."""
+def make_decoder(model, input_ids, max_new_tokens, method, *, controls=None,
+                 **options) -> Decoder:
+    """Validate every argument and build the per-request ``Decoder`` (``controls``: logits
+    processors and stopping criteria, see ``lookahead.controls``)."""
     _check_inputs(model, input_ids, max_new_tokens)
     if method not in METHODS:
         raise ValueError(f"method must be one of {', '.join(METHODS)}; got {method!r}")
@@ -114,7 +124,7 @@ def make_decoder(model, input_ids, max_new_tokens, method, **options) -> Decoder
         )
     generator = None
     if sampling.do_sample:
-        generator = torch.Generator()
+        generator = torch.Generator(device=model.device)  # draws where the logits are
         if sampling.seed is None:
             generator.seed()
         else:
@@ -137,6 +147,7 @@ def make_decoder(model, input_ids, max_new_tokens, method, **options) -> Decoder
         method=method,
         memory=memory,
         step_tokens=step_tokens,
+        controls=controls,
     )
     decoder.stats.shape_source = shape_source
     return decoder

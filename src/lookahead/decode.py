@@ -25,7 +25,8 @@ from lookahead.config import SamplingConfig
 from lookahead.sources.memory import TextMemory
 from lookahead.proposers.base import Proposal, Proposer, StepOutcome
 from lookahead.stats import GenerationStats
-from lookahead.verify import Verdict, choose, verify_greedy, verify_sampling, warp
+from lookahead.verify import (Verdict, choose, on_generator, verify_greedy, verify_sampling,
+                              warp)
 
 logger = logging.getLogger(__name__)
 
@@ -101,6 +102,8 @@ class Decoder:
     ``observer``: called with the name of each phase of a step as it ends ("propose", "tree",
     "layout", "forward", "verify", "commit", "update", "keep"), e.g. to time them
     (``benchmarks/profile_step.py``); None (the default) calls nothing.
+    ``controls``: Hugging Face logits processors and stopping criteria applied at every
+    verified position (``lookahead.controls.Controls``); None: plain logits, EOS and limit.
     """
 
     def __init__(
@@ -117,9 +120,11 @@ class Decoder:
         memory: TextMemory | None = None,
         step_tokens: int | None = None,
         observer: Callable[[str], None] | None = None,
+        controls=None,
     ) -> None:
         self.model = model
         self.observer = observer
+        self.controls = controls
         self.step_tokens = step_tokens
         self.proposer = proposer
         self.sampling = sampling
@@ -168,7 +173,7 @@ class Decoder:
         keep = 1 if length == len(self.prompt) else torch.tensor([last], device=ids.device)
         out = self._run_model(input_ids=ids, logits_to_keep=keep)
         keep_new(self.cache, len(self.prompt), [])  # drops the padding's entries, if any
-        token = choose(out.logits[0, -1], self.sampling, self.generator)
+        token = choose(self._scores(out.logits[0, -1:])[0], self.sampling, self.generator)
         self.stats.record_step(forward_tokens=length, proposed=0, accepted=0)
         self.proposer.start(self.prompt)
         return self._commit([token])
@@ -234,7 +239,7 @@ class Decoder:
         """
         tree, proposal = plan.tree, plan.proposal
         # 3. Verify: the longest acceptable root path, then a bonus or recovered token.
-        verdict = self._verify(tree, logits[: len(tree)], proposal)
+        verdict = self._verify(tree, self._scores(logits[: len(tree)], tree), proposal)
         observer = self.observer
         if observer is not None:
             observer("verify")
@@ -272,7 +277,8 @@ class Decoder:
         self._rope_cached_at = len(self.context)
         ids = torch.tensor([self.context], dtype=torch.long, device=self.model.device)
         out = self._run_model(input_ids=ids, logits_to_keep=1)
-        committed = self._commit([choose(out.logits[0, -1], self.sampling, self.generator)])
+        token = choose(self._scores(out.logits[0, -1:])[0], self.sampling, self.generator)
+        committed = self._commit([token])
         self.stats.record_step(len(self.context), 0, 0)
         self.proposer.update(self.context, StepOutcome(committed, 0, None))
         return committed
@@ -294,6 +300,13 @@ class Decoder:
         )
         return out.logits[0]
 
+    def _scores(self, logits: torch.Tensor, tree: TokenTree | None = None) -> torch.Tensor:
+        """Logits [R, V] of ``tree``'s nodes (None: the one position after the text) after
+        the request's logits processors, if it has any."""
+        if self.controls is None:
+            return logits
+        return self.controls.scores(self.context, tree, logits)
+
     def _run_model(self, **inputs):
         """One forward pass through the request's cache."""
         return decoding_pass(self.model, self.cache_keyword, self.cache, **inputs)
@@ -304,17 +317,21 @@ class Decoder:
         draft = None
         if proposal.draft_probs is not None:
             draft = {
-                n: proposal.draft_probs[c][o].cpu() for n, (c, o) in enumerate(tree.source) if n
+                n: on_generator(proposal.draft_probs[c][o], self.generator)
+                for n, (c, o) in enumerate(tree.source) if n
             }
-        # The request's generator lives on the CPU, so the draws happen there.
-        return verify_sampling(tree, warp(logits, self.sampling).cpu(), self.generator, draft)
+        # The draws happen where the request's generator lives (the model's device).
+        probs = on_generator(warp(logits, self.sampling), self.generator)
+        return verify_sampling(tree, probs, self.generator, draft)
 
     def _commit(self, tokens: list[int]) -> list[int]:
         """Append ``tokens`` up to the first EOS (kept) and the token limit; return them."""
         room = self.max_new_tokens - self.stats.new_tokens
         kept = tokens[:room]
         for i, token in enumerate(kept):
-            if token in self.eos_token_ids:
+            if token in self.eos_token_ids or (
+                self.controls is not None and self.controls.stops(self.context, kept[: i + 1])
+            ):
                 kept = kept[: i + 1]
                 self.finished = True
                 break

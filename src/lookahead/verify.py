@@ -102,7 +102,7 @@ def verify_sampling(
         for token, child in tree.children[node].items():
             q = draft_probs.get(child)
             ratio = p[token] if q is None else torch.clamp(p[token] / q[token], max=1.0)
-            if torch.rand((), generator=generator) < ratio:
+            if torch.rand((), generator=generator, device=generator.device) < ratio:
                 accepted = child
                 break
             p = _residual(p, token, q)
@@ -129,5 +129,11 @@ def choose(logits: torch.Tensor, sampling: SamplingConfig, generator: torch.Gene
     """The next token from one row of logits [V]: argmax, or a draw from the warped distribution."""
     if not sampling.do_sample:
         return int(argmax(logits))
-    # The generator lives on the CPU: draw there (a no-op move for CPU models).
-    return int(torch.multinomial(warp(logits, sampling).cpu(), 1, generator=generator))
+    return int(torch.multinomial(on_generator(warp(logits, sampling), generator), 1,
+                                 generator=generator))
+
+
+def on_generator(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    """``probs`` on the device of ``generator`` (a request's, made on the model's device), where
+    the draws happen: a no-op where they already are."""
+    return probs if generator is None else probs.to(generator.device)

@@ -15,7 +15,7 @@ from tiny import CHAT_TEMPLATE, tiny_llama, word_tokenizer
 
 import lookahead
 from lookahead.api import make_decoder
-from lookahead.server.batch_cache import BatchedCache
+from lookahead.batch_cache import BatchedCache
 from lookahead.server.budget import BudgetPolicy
 from lookahead.detokenize import Detokenizer
 from lookahead.server.engine import (
@@ -194,7 +194,8 @@ def test_sampling_with_a_seed_is_reproducible_in_a_batch(model, tokenizer) -> No
     engine = Engine(model, tokenizer).start()
     try:
         ids = prompt_ids(7, 10)
-        opts = {"do_sample": True, "temperature": 0.8, "top_p": 0.9, "seed": 123}
+        # top_k=0: lookahead.generate would otherwise cut at model.generate's default of 50.
+        opts = {"do_sample": True, "temperature": 0.8, "top_p": 0.9, "top_k": 0, "seed": 123}
         alone = lookahead.generate(model, ids, 30, "autoregressive", **opts).new_tokens[0].tolist()
         plain = [engine.submit(make_decoder(model, ids, 30, "autoregressive", **opts))
                  for _ in range(2)]

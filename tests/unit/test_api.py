@@ -120,9 +120,11 @@ def test_empty_prompt(model, method):
     refused(model, "input_ids", ValueError, ids=torch.zeros(1, 0, dtype=torch.long), method=method)
 
 
-def test_batch_of_two(model):
-    message = refused(model, "input_ids", ValueError, ids=torch.tensor([[1, 2], [3, 4]]))
-    assert "batch" in message
+def test_right_padded_batch(model):
+    """A batch decodes (tests/test_hf_compat.py); padding on the right cannot."""
+    message = refused(model, "attention_mask", ValueError, ids=torch.tensor([[1, 2], [3, 4]]),
+                      attention_mask=torch.tensor([[1, 1], [1, 0]]))
+    assert "left" in message
 
 
 @pytest.mark.parametrize(

@@ -134,7 +134,9 @@ def measure(
 
 
 def _measure_ours(method, model, input_ids, max_new_tokens, kwargs: dict) -> Measurement:
-    result = lookahead.generate(model, input_ids, max_new_tokens, method, **kwargs)
+    # Greedy, as the baselines are, whatever the model's generation config says.
+    result = lookahead.generate(model, input_ids, max_new_tokens, method, do_sample=False,
+                                **kwargs)
     stats = result.stats
     return Measurement(
         tokens=result.new_tokens[0].tolist(),

@@ -80,6 +80,7 @@ class BenchConfig:
     warmup: bool = True
     cache_dir: str | None = None
     packed_weights: bool | str | None = None
+    device: str | None = None  # where the models run (None: the CPU)
 
     def __post_init__(self) -> None:
         check_int("max_new_tokens", self.max_new_tokens, 1, 1 << 20)
@@ -219,13 +220,14 @@ def _load(config: BenchConfig) -> _Loaded:
         dtype, packed = weights_of(setting)
         models[setting], tokenizer = load_model(
             config.model, dtype, cache_dir=config.cache_dir, packed_weights=packed,
+            device=config.device,
         )
         logger.info("loaded %s (%s) in %.1f s", config.model, setting,
                     time.perf_counter() - started)
     draft = None
     if config.draft_model is not None and set(config.run_methods) & set(NEEDS_DRAFT):
         draft, _ = load_model(config.draft_model, config.dtype, cache_dir=config.cache_dir,
-                              packed_weights=config.packs)
+                              packed_weights=config.packs, device=config.device)
         check_draft_model(models[config.setting], draft)  # same vocabulary, before any timing
     pad = getattr(tokenizer, "pad_token_id", None)
     if pad is None:

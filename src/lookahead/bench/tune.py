@@ -143,6 +143,7 @@ class TuneConfig:
     datastore: str | None = None
     cost_scales: tuple[float, ...] = (1.0,)
     step_caps: tuple[int | None, ...] = (None,)
+    device: str | None = None  # where the model runs (None: the CPU)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "dtype", dtype_name(self.dtype))
@@ -221,7 +222,7 @@ def measure_shape(model, prompts: Mapping[str, list[torch.Tensor]], shape, max_n
         runs[name] = []
         for input_ids in inputs:
             stats = lookahead.generate(model, input_ids, max_new_tokens, "lookahead",
-                                       datastore=datastore, **options).stats
+                                       do_sample=False, datastore=datastore, **options).stats
             decode_seconds += stats.seconds - stats.time_to_first_token
             step_tokens = stats.forward_tokens_per_step[1:]
             forward += step_tokens
@@ -243,7 +244,8 @@ def measure_shape(model, prompts: Mapping[str, list[torch.Tensor]], shape, max_n
 
 def tune(config: TuneConfig, progress: Progress | None = None, save: bool = True) -> dict:
     """Measure the curve and the shapes, choose the best, save the profile; return it."""
-    model, tokenizer = load_model(config.model, config.dtype, cache_dir=config.cache_dir)
+    model, tokenizer = load_model(config.model, config.dtype, cache_dir=config.cache_dir,
+                                  device=config.device)
     packed = apply_packing(model, config.packed_weights)  # tune what the commands will run
     datastore = None
     if config.datastore is not None:
@@ -292,7 +294,7 @@ def _measure(model, prompts: Mapping[str, list[torch.Tensor]], config: TuneConfi
         _report(progress, index, total, label)
         lookahead.generate(
             model, first, min(config.max_new_tokens, 32), "lookahead", datastore=datastore,
-            **shape_dict(shape)
+            do_sample=False, **shape_dict(shape)
         )  # warm-up
         rows.append(measure_shape(model, prompts, shape, config.max_new_tokens, curve,
                                   cost, datastore=datastore, step_cap=cap))

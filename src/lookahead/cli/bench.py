@@ -98,7 +98,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def config_from_args(args: argparse.Namespace) -> BenchConfig:
     """The ``BenchConfig`` the arguments ask for (``--shape auto`` read from the profile)."""
+    from lookahead.devices import resolve_device  # imports torch: not before parsing
+
     check_packing_dtype(args)  # before the models load, naming the flag
+    resolve_device(args.device, "--device")
     if args.datastore:
         check_spec(args.datastore)  # before the models load
     # A tuned profile may cap lookahead's steps; --max-step-tokens caps all of ours instead.
@@ -126,6 +129,7 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
         warmup=not args.no_warmup,
         cache_dir=args.cache_dir,
         packed_weights=args.packed_weights,
+        device=args.device,
     )
 
 

@@ -85,7 +85,8 @@ def run(args: argparse.Namespace) -> int:
         return output[0, input_ids.shape[1] :].tolist()
 
     def lookahead_generate(max_new_tokens: int) -> lookahead.GenerationResult:
-        return lookahead.generate(model, input_ids, max_new_tokens, "lookahead", **shape)
+        return lookahead.generate(model, input_ids, max_new_tokens, "lookahead",
+                                  do_sample=False, **shape)  # greedy, as the reference
 
     with console.status("warming up ..."):
         hf_generate(WARMUP_TOKENS)

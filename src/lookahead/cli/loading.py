@@ -19,6 +19,7 @@ from lookahead.api import check_draft_model
 from lookahead.argtypes import UsageError
 from lookahead.cli.options import method_options
 from lookahead.kernels import packing
+from lookahead.devices import resolve_device
 from lookahead.models.load import load_model
 from lookahead.models.registry import ModelNotAvailableError, resolve_dtype
 from lookahead.sources.datastore import load_datastore
@@ -49,10 +50,11 @@ def load(args: argparse.Namespace) -> Loaded:
 
         transformers_logging.disable_progress_bar()
     packed = getattr(args, "packed_weights", False)
-    model, tokenizer = load_named("--model", args.model, args.dtype, packed)
+    device = device_arg(args)
+    model, tokenizer = load_named("--model", args.model, args.dtype, packed, device)
     draft = None
     if has_method and args.method == "draft":
-        draft, _ = load_named("--draft-model", args.draft_model, args.dtype, packed)
+        draft, _ = load_named("--draft-model", args.draft_model, args.dtype, packed, device)
         try:
             check_draft_model(model, draft)
         except ValueError as error:
@@ -66,15 +68,25 @@ def load(args: argparse.Namespace) -> Loaded:
     return Loaded(model, tokenizer, options)
 
 
-def load_named(option: str, name: str, dtype: str, packed: bool | str | None = False
-               ) -> tuple[Any, Any]:
-    """``lookahead.load_model(name, dtype)``; an unknown name or path is a ``UsageError``.
+def device_arg(args: argparse.Namespace) -> Any:
+    """``--device`` as a ``torch.device`` (None: not given); a device this machine lacks is a
+    ``UsageError`` naming the flag, before any model loads."""
+    try:
+        return resolve_device(getattr(args, "device", None), "--device")
+    except ValueError as error:
+        raise UsageError("--device", str(error).removeprefix("--device ")) from None
+
+
+def load_named(option: str, name: str, dtype: str, packed: bool | str | None = False,
+               device: Any = None) -> tuple[Any, Any]:
+    """``lookahead.load_model(name, dtype, device=device)``; an unknown name or path is a
+    ``UsageError``.
 
     ``packed``: pack the weights (``--packed-weights``), not (False), or where the model
     allows it (None, the CLI's default).
     """
     try:
-        model, tokenizer = load_model(name, dtype=dtype)
+        model, tokenizer = load_model(name, dtype=dtype, device=device)
     except ModelNotAvailableError:
         raise
     except (ValueError, FileNotFoundError) as error:

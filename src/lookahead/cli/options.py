@@ -108,6 +108,10 @@ def add_model_args(parser: argparse.ArgumentParser, *, default: str | None = DEF
         "--dtype", type=dtype_name, default=AUTO_DTYPE, help=DTYPE_HELP
     )
     group.add_argument(
+        "--device", default=None, metavar="DEVICE",
+        help="where the model runs: cpu, cuda, cuda:1, mps (default: cpu)",
+    )
+    group.add_argument(
         "--threads",
         type=int_in(1, 1024),
         default=None,

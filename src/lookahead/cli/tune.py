@@ -39,6 +39,7 @@ from lookahead.cli.loading import check_packing_dtype
 from lookahead.cli.options import add_datastore_arg, workload_arg
 from lookahead.argtypes import float_in, int_in
 from lookahead.config import MAX_DRAFT_TOKENS
+from lookahead.devices import resolve_device
 
 logger = logging.getLogger(__name__)
 
@@ -143,6 +144,7 @@ def run(args: argparse.Namespace) -> int:
     console = Console(stderr=True)
     try:
         check_packing_dtype(args)  # naming the flag, where TuneConfig would name the field
+        resolve_device(args.device, "--device")
         config = TuneConfig(
             model=args.model,
             dtype=args.dtype,
@@ -161,6 +163,7 @@ def run(args: argparse.Namespace) -> int:
             datastore=args.datastore,
             cost_scales=args.cost_scales,
             step_caps=args.max_step_tokens,
+            device=args.device,
         )
         columns = (
             TextColumn("{task.description}"),

@@ -27,6 +27,7 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
+from lookahead.devices import resolve_device
 from lookahead.kernels.grouped_attention import use_grouped_attention
 from lookahead.kernels.packing import check_packable_dtype, kernel_for, pack_weights
 from lookahead.models.gguf import (
@@ -82,6 +83,7 @@ def load_model(
     cache_dir: str | Path | None = None,
     grouped_attention: bool = True,
     packed_weights: bool | str = False,
+    device: str | torch.device | None = None,
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """Load a causal LM in eval mode and its tokenizer.
 
@@ -102,6 +104,8 @@ def load_model(
             sums that differ in the last bits. ``"stream"``: bfloat16 linears on the stream
             kernel (:mod:`lookahead.kernels.stream_linear`), summed in float32: faster for passes of
             a few tokens on an AVX-512 CPU without AMX, and the sums differ in the last bits.
+        device: where the model runs ("cpu", "cuda", "cuda:1", "mps"; default: the CPU); it
+            is moved there once loaded. Packed weights are for the CPU only.
 
     Raises:
         ValueError: unknown name, a bad ``dtype``, or ``packed_weights`` where the model
@@ -111,7 +115,12 @@ def load_model(
         FileNotFoundError: a path that does not exist or holds no model.
     """
     check_packable_dtype(packed_weights, resolve_dtype(dtype))
+    target = resolve_device(device)
+    if packed_weights and target is not None and target.type != "cpu":
+        raise ValueError(f"packed_weights={packed_weights!r} is for the CPU, not device={device!r}")
     model, tokenizer = _load(name_or_path, resolve_dtype(dtype), cache_dir)
+    if target is not None:
+        model.to(target)
     if grouped_attention:
         use_grouped_attention(model)
     if packed_weights:

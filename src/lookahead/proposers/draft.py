@@ -8,7 +8,7 @@ from lookahead.cache import cache_keyword, cache_length, decoding_pass, keep_new
 from lookahead.config import DraftConfig, SamplingConfig
 from lookahead.proposers.base import Proposal, StepOutcome
 from lookahead.proposers.prompt_lookup import find_continuation
-from lookahead.verify import argmax, warp
+from lookahead.verify import argmax, on_generator, warp
 
 
 class DraftProposer:
@@ -67,7 +67,7 @@ class DraftProposer:
         """``length`` tokens drawn one forward at a time, and q: [length, V] they came from."""
         tokens, probs = [], []
         for _ in range(length):
-            q = warp(self._forward(feed, 1)[-1], self.sampling).cpu()  # CPU generator
+            q = on_generator(warp(self._forward(feed, 1)[-1], self.sampling), self.generator)
             token = int(torch.multinomial(q, 1, generator=self.generator))
             tokens.append(token)
             probs.append(q)

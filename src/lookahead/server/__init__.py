@@ -3,7 +3,7 @@
     engine.py       one thread owning the model: continuous batching of ``Decoder`` requests
     engine_config.py  how the engine shares the model, and its limits (timeout, context)
     requests.py     one request: its events, its handle, the engine's record of it
-    batch_cache.py  the batched KV cache (a row per request, per-column validity) and step input
+    (lookahead.batch_cache: the batched KV cache, a row per request, and its step input)
     budget.py       how many input tokens each request's step gets (adapts to load)
     (text deltas with OpenAI ``stop`` strings: ``lookahead.detokenize``)
     protocol.py     the OpenAI wire format: request models, responses, errors

@@ -38,7 +38,7 @@ import torch
 
 from lookahead.cache import cache_keyword, decoding_pass
 from lookahead.decode import Decoder, StepPlan, longrope_switch
-from lookahead.server.batch_cache import BatchedCache
+from lookahead.batch_cache import BatchedCache
 from lookahead.server.budget import BudgetPolicy
 from lookahead.detokenize import Detokenizer
 from lookahead.server.engine_config import EngineConfig

@@ -15,6 +15,9 @@ the front of those columns and the columns no row kept are cut (``keep``). A row
 fewer than another leaves invalid columns, which the 4D mask hides. When rows carry many,
 ``compact`` gathers the valid ones to the left.
 
+The bookkeeping (``valid``, ``positions``) stays on the CPU, where the masks are built; the
+step's inputs go to the device of the cached keys, the model's, in one move.
+
 Example (two requests, S=4, a step of T=3)::
 
     valid before      [[1 1 1 0]      row 1 was added with a 3-token prompt
@@ -31,7 +34,7 @@ from dataclasses import dataclass
 import torch
 from transformers import Cache
 
-from lookahead.attention import StepLayout, batched_attention_mask
+from lookahead.attention import StepLayout, batched_attention_mask, mask_to
 
 
 @dataclass(frozen=True)
@@ -71,6 +74,13 @@ class BatchedCache:
     def columns(self) -> int:
         return self.valid.shape[1]
 
+    @property
+    def device(self) -> torch.device:
+        """Where the cached keys and values live (the model's device; the CPU when empty)."""
+        if self.cache is None or not self.cache.layers:
+            return torch.device("cpu")
+        return self.cache.layers[0].keys.device
+
     def row_lengths(self) -> list[int]:
         """Valid entries of each row."""
         return self.valid.sum(dim=1).tolist()
@@ -105,8 +115,9 @@ class BatchedCache:
             return
         index = torch.tensor(keep, dtype=torch.long)
         for layer in self.cache.layers:
-            layer.keys = layer.keys.index_select(0, index)
-            layer.values = layer.values.index_select(0, index)
+            on_device = index.to(layer.keys.device)
+            layer.keys = layer.keys.index_select(0, on_device)
+            layer.values = layer.values.index_select(0, on_device)
         self.valid = self.valid.index_select(0, index)
         self.positions = self.positions.index_select(0, index)
         self._trim()
@@ -147,7 +158,9 @@ class BatchedCache:
             order.append(torch.searchsorted(torch.unique(rows), rows))
         key_positions = torch.cat([self.positions, position_ids], dim=1)
         mask = batched_attention_mask(config, allowed, position_ids, key_positions, dtype)
-        return StepBatch(input_ids, position_ids, mask, logit_rows, order)
+        device = self.device
+        return StepBatch(input_ids.to(device), position_ids.to(device), mask_to(mask, device),
+                         logit_rows.to(device), [o.to(device) for o in order])
 
     def split_logits(self, batch: StepBatch, logits: torch.Tensor) -> list[torch.Tensor]:
         """The model's logits for ``batch.logit_rows`` -> per request [R_b, V] in layout order.
@@ -168,7 +181,7 @@ class BatchedCache:
         """Record the T columns the forward pass appended to every row, invalid for now."""
         batch, width = position_ids.shape
         self.valid = torch.cat([self.valid, torch.zeros(batch, width, dtype=torch.bool)], dim=1)
-        self.positions = torch.cat([self.positions, position_ids], dim=1)
+        self.positions = torch.cat([self.positions, position_ids.to(self.positions.device)], dim=1)
 
     def keep(self, width: int, kept: list[list[int]]) -> None:
         """After a step of ``width`` columns, keep row b's step entries ``kept[b]`` (indices
@@ -188,7 +201,7 @@ class BatchedCache:
                 index[b, : len(rows)] = torch.tensor(rows, dtype=torch.long)
             for layer in self.cache.layers:
                 heads, dim = layer.keys.shape[1], layer.keys.shape[3]
-                gather = index[:, None, :, None].expand(-1, heads, -1, dim)
+                gather = index.to(layer.keys.device)[:, None, :, None].expand(-1, heads, -1, dim)
                 # gather copies before the write, and entries only move to lower columns.
                 for entries in (layer.keys, layer.values):
                     entries[:, :, start : start + keep] = entries[:, :, start:].gather(2, gather)
@@ -213,7 +226,8 @@ class BatchedCache:
         # Valid columns first (stable), then the rest: a per-row gather index [B, width].
         index = torch.argsort((~self.valid).to(torch.int8), dim=1, stable=True)[:, :width]
         for layer in self.cache.layers:
-            gather = index[:, None, :, None].expand(-1, layer.keys.shape[1], -1, layer.keys.shape[3])
+            gather = index.to(layer.keys.device)[:, None, :, None]
+            gather = gather.expand(-1, layer.keys.shape[1], -1, layer.keys.shape[3])
             layer.keys = layer.keys.gather(2, gather)
             layer.values = layer.values.gather(2, gather)
         self.valid = torch.arange(width).unsqueeze(0) < torch.tensor(lengths).unsqueeze(1)

@@ -68,40 +68,6 @@ class Stream:
         return torch.tensor([self._decoder.context], dtype=torch.long)
 
 
-def generate(model, input_ids=None, max_new_tokens=None, method: str = "lookahead", **options):
-    """Decode ``input_ids`` (LongTensor [B, prompt_len]) and return a ``GenerationResult``.
-
-    This is ``lookahead.hf_generate.generate``, which also takes what ``model.generate``
-    takes (``attention_mask``, ``generation_config``, ``streamer``, ...), with its defaults.
-
-    ``method`` is "autoregressive", "lookahead" (options window, ngram, guess, prompt_pool,
-    output_pool, lookup_ngram, lookup_tokens, lookup_max_tokens, token_cost (what one more
-    token in a forward pass costs: the window runs while it pays at that price; 0 runs it at
-    every step), window_probe; without a ``window``, or with
-    ``window="auto"``, the shape ``lookahead tune`` saved for this model and machine, else
-    W2 N5 G4 (on CUDA W15 N5 G15 at token_cost 0); ``workload="code"`` the one tuned for
-    that kind of text; see ``resolve_auto_shape``), "prompt_lookup" (num_draft_tokens,
-    max_ngram, min_ngram, max_draft_tokens) or "draft" (draft_model, num_draft_tokens, lookup_tokens, lookup_ngram).
-    ``memory`` (lookahead and prompt lookup): a ``TextMemory`` of earlier requests' texts to
-    copy from; the finished text is added to it. ``datastore`` (the same two): a
-    ``Datastore``, a corpus to copy from where neither the text nor the memory matches.
-    ``max_step_tokens`` (every method but autoregressive): the most tokens one forward pass
-    is fed, x0 included; the window is left out first, then candidates (None: no cap). Where a
-    pass of a few more tokens costs much more than one, a cap at the cost curve's knee spares
-    tokens that the gauges, pricing each token alike, let through.
-    Sampling options for every method: do_sample, temperature, top_k, top_p, seed; what is
-    not given comes from the model's ``generation_config``, then transformers' defaults, as in
-    ``model.generate`` (so sampling cuts at top_k=50 unless told otherwise);
-    ``eos_token_id`` overrides the model's own.
-    Greedy output is token-for-token that of ``model.generate(do_sample=False)``.
-    """
-    from lookahead.hf_generate import generate as _generate  # it builds on this module
-
-    if max_new_tokens is not None:
-        options["max_new_tokens"] = max_new_tokens
-    return _generate(model, input_ids, method=method, **options)
-
-
 def stream(model, input_ids, max_new_tokens: int = 256, method: str = "lookahead", **options):
     """Like ``generate`` but returns a ``Stream`` that yields each step's tokens as decoded."""
     return Stream(make_decoder(model, input_ids, max_new_tokens, method, **options))

@@ -71,7 +71,7 @@ def generate(model, input_ids=None, max_new_tokens=_UNSET, method: str = "lookah
     ``logits_processor``, ``stopping_criteria``, ``prefix_allowed_tokens_fn`` -- with the
     same meaning and defaults (the model's ``generation_config``), and the output is
     ``model.generate``'s: greedy decoding gives its tokens exactly. Beside them: ``method``
-    and its options (see ``lookahead.api.generate``), ``seed`` for sampling. Without any
+    and its options (``docs/methods.md``; checked by ``lookahead.api.make_decoder``), ``seed`` for sampling. Without any
     ``max_new_tokens``/``max_length`` setting 256 tokens are written.
 
     ``sequences``: [B, W + T], rows that end early padded with ``pad_token_id``;

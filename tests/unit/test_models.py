@@ -14,6 +14,7 @@ import torch
 from tiny import CHAT_TEMPLATE, tiny_llama, word_tokenizer
 from transformers import LlamaForCausalLM
 
+from lookahead import cache_files
 from lookahead.models import gguf, registry
 from lookahead.models import load as models
 from lookahead.models.load import chat_prompt, load_model
@@ -315,13 +316,16 @@ def test_cache_rename_replaces_broken_leftover_but_keeps_complete_entry(tmp_path
     fresh.mkdir()
     (fresh / "config.json").write_text("{}")
     (fresh / "model.safetensors").write_text("new")
+    cache_files.write_manifest(fresh)
     gguf._rename_into_place(fresh, target)
-    assert sorted(p.name for p in target.iterdir()) == ["config.json", "model.safetensors"]
+    assert sorted(p.name for p in target.iterdir()) == [
+        "config.json", "manifest.json", "model.safetensors"]
 
     racer = tmp_path / "racer"
     racer.mkdir()
     (racer / "config.json").write_text("{}")
     (racer / "model.safetensors").write_text("late")
+    cache_files.write_manifest(racer)
     gguf._rename_into_place(racer, target)  # another process won: keep its entry
     assert (target / "model.safetensors").read_text() == "new"
 

@@ -1,0 +1,1 @@
+"""Compiled kernels for linear layers, and their PyTorch references."""

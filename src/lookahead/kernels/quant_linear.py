@@ -120,11 +120,12 @@ class QuantLinear(torch.nn.Module):
         kernel: None: the compiled kernel where it runs, else PyTorch (logged once per
             layer); True: the compiled kernel or RuntimeError saying why not; False: PyTorch.
         isa: the kernel build, 'avx512vnni' or 'avx2' (None: the best this CPU runs).
+        tile: rows multiplied per weight read, 1 to the build's ``rows`` (0: its default).
     """
 
     def __init__(self, raw: torch.Tensor, qtype: int, in_features: int,
                  bias: torch.Tensor | None = None, *, kernel: bool | None = None,
-                 isa: str | None = None) -> None:
+                 isa: str | None = None, tile: int = 0) -> None:
         super().__init__()
         qtype = int(qtype)
         if qtype not in FORMATS:
@@ -149,6 +150,7 @@ class QuantLinear(torch.nn.Module):
         self.bias = None if bias is None else torch.nn.Parameter(
             bias.detach().float(), requires_grad=False)
         self._kernel = self._choose_kernel(kernel, isa)
+        self.tile = tile
 
     @staticmethod
     def _choose_kernel(kernel: bool | None, isa: str | None) -> ModuleType | None:
@@ -170,7 +172,7 @@ class QuantLinear(torch.nn.Module):
         rows = x.reshape(-1, self.in_features)
         if self._kernel is not None:
             y = self._kernel.linear(rows, self.records, self.qtype, self.out_features,
-                                    self.bias)
+                                    self.bias, False, self.tile)
         else:
             y = self.reference(rows)
             if self.bias is not None:

@@ -49,8 +49,10 @@ inline int32_t load32(const void* p) { int32_t v; std::memcpy(&v, p, 4); return 
 
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)
 constexpr const char* kIsa = "avx512vnni";
-// Token rows per weight read. See docs/quantized-kernel.md for the rows tried.
-constexpr int kRows = 8;
+// Token rows per weight read: at most kRows, kTile unless asked otherwise (rows tried:
+// docs/quantized-kernel.md).
+constexpr int kRows = 12;
+constexpr int kTile = 8;
 struct V {
   using I = __m512i;
   using F = __m512;
@@ -91,7 +93,8 @@ struct V {
 };
 #elif defined(__AVX2__) && defined(__F16C__)
 constexpr const char* kIsa = "avx2";
-constexpr int kRows = 4;   // 16 ymm registers: 4 rows' two accumulators and the weights
+constexpr int kRows = 6;   // 16 ymm registers: the rows' two sums each and the weights
+constexpr int kTile = 4;
 struct V {
   using I = __m256i;
   using F = __m256;
@@ -161,114 +164,147 @@ inline void prefetch_lines(const uint8_t* ahead, int64_t from, int64_t to) {
   for (int64_t o = from; o < to; o += 64) _mm_prefetch(reinterpret_cast<const char*>(ahead + o), _MM_HINT_T0);
 }
 
-// y[r] += ((isum * d) - (msum * dmin)) * dx[r], in this order (reference_linear's)
+// y[r] += ((isum * d) - (msum * dmin)) * dx[r], in this order (reference_linear's); the first
+// block adds to +0 rather than to y (not yet written).
 template <int R, bool kMin>
-inline void finish(const I* isum, const I* msum, F d, F dmin, const Rows& a, int64_t b) {
+inline void finish(const I* isum, const I* msum, F d, F dmin, const Rows& a, int64_t b,
+                   bool first) {
   for (int r = 0; r < R; ++r) {
     F t = V::fmul(V::cvt(isum[r]), d);
     if constexpr (kMin) t = V::fsub(t, V::fmul(V::cvt(msum[r]), dmin));
     t = V::fmul(t, V::setf(a.dx[r * a.lddx + b]));
     float* y = a.y + r * a.ldy;
-    V::storef(y, V::fadd(V::loadf(y), t));
+    V::storef(y, V::fadd(first ? V::setf(0.f) : V::loadf(y), t));
   }
 }
 
 // One Q4_K block: 256 inputs, 8 sub-blocks of 32 with 6-bit scale and min. lane0: first
 // output of this call within the record (AVX2 takes the 16 outputs in two halves).
 template <int R>
-void q4k(const uint8_t* rec, int64_t /*count*/, const Rows& a, const uint8_t* ahead, int lane0) {
+void q4k(const uint8_t* rec, int64_t /*count*/, const Rows& a, const uint8_t* ahead, int lane0,
+         bool first) {
+  // Independent sums per row: vpdpbusd's latency is 4 cycles, its throughput 1 a cycle, so
+  // one or two rows keep several chains in flight (integers: their order changes nothing).
+  constexpr int S = R >= 4 ? 1 : 4 / R;
   const I low = V::set8(0x0F);
-  I isum[R], acc[R];
+  I isum[R], acc[R][S];
   for (int r = 0; r < R; ++r) isum[r] = V::zero();
   for (int j = 0; j < 8; ++j) {
     prefetch_lines(ahead, j * 296, (j + 1) * 296);   // 2368 bytes a record, an eighth each
-    for (int r = 0; r < R; ++r) acc[r] = V::zero();
+    for (int r = 0; r < R; ++r)
+      for (int s = 0; s < S; ++s) acc[r][s] = V::zero();
     for (int c = 0; c < 4; ++c) {
       const I p = V::load(rec + (4 * j + c) * 64 + lane0 * 4);
       const I lo = V::and_(p, low), hi = V::and_(V::srl<4>(p), low);
       const int8_t* x = a.xq + 32 * j + 8 * c;
       for (int r = 0; r < R; ++r) {
-        acc[r] = V::dot(acc[r], lo, bcast(x + r * a.ldx));
-        acc[r] = V::dot(acc[r], hi, bcast(x + r * a.ldx + 4));
+        I& even = acc[r][(2 * c) % S];
+        even = V::dot(even, lo, bcast(x + r * a.ldx));
+        I& odd = acc[r][(2 * c + 1) % S];
+        odd = V::dot(odd, hi, bcast(x + r * a.ldx + 4));
       }
     }
     const I sc = V::u8x32(rec + 2048 + 16 * j + lane0);
-    for (int r = 0; r < R; ++r) isum[r] = V::add(isum[r], V::mul(acc[r], sc));
+    for (int r = 0; r < R; ++r) {
+      for (int s = 1; s < S; ++s) acc[r][0] = V::add(acc[r][0], acc[r][s]);
+      isum[r] = V::add(isum[r], V::mul(acc[r][0], sc));
+    }
   }
-  I pairs[4];
+  I pairs[4], msum[R];
   for (int p = 0; p < 4; ++p) pairs[p] = V::u8x16(rec + 2176 + 32 * p + 2 * lane0);
   for (int r = 0; r < R; ++r) {
-    acc[r] = V::zero();   // now the min sums: sum over sub-blocks of m * sum(x)
+    msum[r] = V::zero();   // the min sums: over sub-blocks, m * sum(x)
     for (int p = 0; p < 4; ++p)
-      acc[r] = V::dot16(acc[r], pairs[p], V::set1(load32(a.xs + r * a.ldxs + 2 * p)));
+      msum[r] = V::dot16(msum[r], pairs[p], V::set1(load32(a.xs + r * a.ldxs + 2 * p)));
   }
-  finish<R, true>(isum, acc, V::half(rec + 2304 + 2 * lane0), V::half(rec + 2336 + 2 * lane0),
-                  a, 0);
+  finish<R, true>(isum, msum, V::half(rec + 2304 + 2 * lane0), V::half(rec + 2336 + 2 * lane0),
+                  a, 0, first);
 }
 
 // One Q6_K block: 256 inputs, 16 sub-blocks of 16 with an int8 scale; quants 0..63, less 32.
 template <int R>
-void q6k(const uint8_t* rec, int64_t /*count*/, const Rows& a, const uint8_t* ahead, int lane0) {
-  const I low = V::set8(0x0F), two = V::set8(0x30);
-  I isum[R], acc[R];
+void q6k(const uint8_t* rec, int64_t /*count*/, const Rows& a, const uint8_t* ahead, int lane0,
+         bool first) {
+  constexpr int S = R >= 4 ? 1 : 4 / R;   // independent sums per row, as in q4k
+  const I low = V::set8(0x0F), high = V::set8(0x30);
+  I isum[R], two[R][S];
   for (int r = 0; r < R; ++r) isum[r] = V::zero();
   for (int j = 0; j < 16; ++j) {
     prefetch_lines(ahead, j * 210, (j + 1) * 210);   // 3360 bytes a record
-    for (int r = 0; r < R; ++r) acc[r] = V::set1(-32 * a.xs[r * a.ldxs + j]);
+    for (int r = 0; r < R; ++r) {
+      two[r][0] = V::set1(-32 * a.xs[r * a.ldxs + j]);
+      for (int s = 1; s < S; ++s) two[r][s] = V::zero();
+    }
     const I p0 = V::load(rec + 128 * j + lane0 * 4), p1 = V::load(rec + 128 * j + 64 + lane0 * 4);
     const I h = V::load(rec + 2048 + 64 * j + lane0 * 4);
-    const I q[4] = {V::or_(V::and_(p0, low), V::and_(V::sll<4>(h), two)),
-                    V::or_(V::and_(V::srl<4>(p0), low), V::and_(V::sll<2>(h), two)),
-                    V::or_(V::and_(p1, low), V::and_(h, two)),
-                    V::or_(V::and_(V::srl<4>(p1), low), V::and_(V::srl<2>(h), two))};
+    const I q[4] = {V::or_(V::and_(p0, low), V::and_(V::sll<4>(h), high)),
+                    V::or_(V::and_(V::srl<4>(p0), low), V::and_(V::sll<2>(h), high)),
+                    V::or_(V::and_(p1, low), V::and_(h, high)),
+                    V::or_(V::and_(V::srl<4>(p1), low), V::and_(V::srl<2>(h), high))};
     const int8_t* x = a.xq + 16 * j;
     for (int k = 0; k < 4; ++k)
-      for (int r = 0; r < R; ++r) acc[r] = V::dot(acc[r], q[k], bcast(x + r * a.ldx + 4 * k));
+      for (int r = 0; r < R; ++r)
+        two[r][k % S] = V::dot(two[r][k % S], q[k], bcast(x + r * a.ldx + 4 * k));
     const I sc = V::i8x32(rec + 3072 + 16 * j + lane0);
-    for (int r = 0; r < R; ++r) isum[r] = V::add(isum[r], V::mul(acc[r], sc));
+    for (int r = 0; r < R; ++r) {
+      for (int s = 1; s < S; ++s) two[r][0] = V::add(two[r][0], two[r][s]);
+      isum[r] = V::add(isum[r], V::mul(two[r][0], sc));
+    }
   }
-  finish<R, false>(isum, isum, V::half(rec + 3328 + 2 * lane0), V::setf(0.f), a, 0);
+  finish<R, false>(isum, isum, V::half(rec + 3328 + 2 * lane0), V::setf(0.f), a, 0, first);
 }
 
 // `count` blocks of 32 inputs (Q4_0, Q4_1, Q8_0), one float16 scale (and min) each.
 template <int R, int QT>
-void small(const uint8_t* rec, int64_t count, const Rows& a, const uint8_t* ahead, int lane0) {
+void small(const uint8_t* rec, int64_t count, const Rows& a, const uint8_t* ahead, int lane0,
+           bool first) {
   constexpr bool kByte = QT == kQ8_0;
   constexpr int64_t kQuantBytes = kByte ? 512 : 256;
   constexpr int64_t kBytes = kQuantBytes + (QT == kQ4_1 ? 64 : 32);
   constexpr int32_t kOffset = QT == kQ4_0 ? 8 : (kByte && V::kQ8Offset ? 128 : 0);
+  constexpr int S = R >= 4 ? 1 : 4 / R;   // independent sums per row, as in q4k
   const I low = V::set8(0x0F);
-  I acc[R], msum[R];
+  I acc[R][S], msum[R];
   for (int64_t b = 0; b < count; ++b, rec += kBytes) {
     prefetch_lines(ahead == nullptr ? nullptr : ahead + b * kBytes, 0, kBytes);
     for (int r = 0; r < R; ++r) {
       const int32_t xs = a.xs[r * a.ldxs + b];
-      acc[r] = V::set1(-kOffset * xs);
+      acc[r][0] = V::set1(-kOffset * xs);
+      for (int s = 1; s < S; ++s) acc[r][s] = V::zero();
       msum[r] = V::set1(xs);
     }
     const int8_t* x = a.xq + 32 * b;
     for (int c = 0; c < (kByte ? 8 : 4); ++c) {
       const I p = V::load(rec + 64 * c + lane0 * 4);
       if constexpr (kByte) {
-        for (int r = 0; r < R; ++r) acc[r] = V::dot_q8(acc[r], p, bcast(x + r * a.ldx + 4 * c));
+        for (int r = 0; r < R; ++r)
+          acc[r][c % S] = V::dot_q8(acc[r][c % S], p, bcast(x + r * a.ldx + 4 * c));
       } else {
         const I lo = V::and_(p, low), hi = V::and_(V::srl<4>(p), low);
         for (int r = 0; r < R; ++r) {
-          acc[r] = V::dot(acc[r], lo, bcast(x + r * a.ldx + 8 * c));
-          acc[r] = V::dot(acc[r], hi, bcast(x + r * a.ldx + 8 * c + 4));
+          I& even = acc[r][(2 * c) % S];
+          even = V::dot(even, lo, bcast(x + r * a.ldx + 8 * c));
+          I& odd = acc[r][(2 * c + 1) % S];
+          odd = V::dot(odd, hi, bcast(x + r * a.ldx + 8 * c + 4));
         }
       }
     }
+    I isum[R];
+    for (int r = 0; r < R; ++r) {
+      isum[r] = acc[r][0];
+      for (int s = 1; s < S; ++s) isum[r] = V::add(isum[r], acc[r][s]);
+    }
     const F d = V::half(rec + kQuantBytes + 2 * lane0);
     if constexpr (QT == kQ4_1) {
-      finish<R, true>(acc, msum, d, V::half(rec + kQuantBytes + 32 + 2 * lane0), a, b);
+      finish<R, true>(isum, msum, d, V::half(rec + kQuantBytes + 32 + 2 * lane0), a, b,
+                      first && b == 0);
     } else {
-      finish<R, false>(acc, msum, d, d, a, b);
+      finish<R, false>(isum, msum, d, d, a, b, first && b == 0);
     }
   }
 }
 
-using Kernel = void (*)(const uint8_t*, int64_t, const Rows&, const uint8_t*, int);
+using Kernel = void (*)(const uint8_t*, int64_t, const Rows&, const uint8_t*, int, bool);
 
 template <int QT, int R>
 constexpr Kernel kernel_for() {
@@ -298,19 +334,19 @@ Format format_of(int64_t qtype) {
   return {};
 }
 
-// Groups [g0, g1) of 16 outputs: for each `step` blocks, every tile of up to kRows rows reads
+// Groups [g0, g1) of 16 outputs: for each `step` blocks, every tile of up to `tile` rows reads
 // them (the first tile from memory, asking for the records kAhead bytes on; later tiles from
 // cache).
 template <int QT>
 void run_groups(int64_t g0, int64_t g1, const uint8_t* records, const Format& f, int64_t blocks,
-                const Rows& all, int64_t n) {
+                const Rows& all, int64_t n, int64_t tile) {
   static constexpr auto table = rows_table<QT>(std::make_integer_sequence<int, kRows>{});
   const int64_t subs = f.block / f.sub;
   for (int64_t g = g0; g < g1; ++g) {
     for (int64_t b = 0; b < blocks; b += f.step) {
       const uint8_t* rec = records + (g * blocks + b) * f.record;
       const int64_t count = std::min(f.step, blocks - b);
-      for (int64_t r = 0; r < n; r += kRows) {
+      for (int64_t r = 0; r < n; r += tile) {
         const Rows a{all.xq + r * all.ldx + b * f.block, all.ldx,
                      all.dx + r * all.lddx + b, all.lddx,
                      all.xs + r * all.ldxs + b * subs, all.ldxs,
@@ -319,8 +355,8 @@ void run_groups(int64_t g0, int64_t g1, const uint8_t* records, const Format& f,
         for (int lane0 = 0; lane0 < kGroup; lane0 += V::kLanes) {
           Rows half = a;
           half.y += lane0;
-          table[std::min<int64_t>(kRows, n - r) - 1](rec, count, half, lane0 ? nullptr : ahead,
-                                                       lane0);
+          table[std::min<int64_t>(tile, n - r) - 1](rec, count, half, lane0 ? nullptr : ahead,
+                                                      lane0, b == 0);
         }
       }
     }
@@ -328,28 +364,50 @@ void run_groups(int64_t g0, int64_t g1, const uint8_t* records, const Format& f,
 }
 
 // Row by row: xq = round-half-even(x * (127 / amax)) per block, dx = amax / 127, xs = sums
-// of xq per sub-block (quant_formats.quantize_rows does the same in PyTorch).
+// of xq per sub-block (quant_formats.quantize_rows does the same in PyTorch). AVX-512: 16
+// lanes at a time (vcvtps2dq rounds half to even, as nearbyint does).
+void quantize_block(const float* v, int64_t block, int64_t sub, int8_t* q, float* dx,
+                    int16_t* xs) {
+#if defined(__AVX512F__)
+  __m512 m = _mm512_setzero_ps();
+  for (int64_t i = 0; i < block; i += 16) m = _mm512_max_ps(m, _mm512_abs_ps(_mm512_loadu_ps(v + i)));
+  const float amax = _mm512_reduce_max_ps(m);
+#else
+  float amax = 0.f;
+  for (int64_t i = 0; i < block; ++i) amax = std::max(amax, std::fabs(v[i]));
+#endif
+  const float inverse = amax > 0.f ? 127.f / amax : 0.f;
+  *dx = amax / 127.f;
+#if defined(__AVX512F__)
+  const __m512 scale = _mm512_set1_ps(inverse);
+  const __m512i top = _mm512_set1_epi32(127), bottom = _mm512_set1_epi32(-127);
+  int32_t sum = 0;
+  for (int64_t i = 0; i < block; i += 16) {
+    __m512i r = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(v + i), scale));
+    r = _mm512_max_epi32(_mm512_min_epi32(r, top), bottom);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(q + i), _mm512_cvtepi32_epi8(r));
+    sum += _mm512_reduce_add_epi32(r);
+    if ((i + 16) % sub == 0) { xs[i / sub] = static_cast<int16_t>(sum); sum = 0; }
+  }
+#else
+  for (int64_t i = 0; i < block; ++i) {
+    const float s = std::nearbyint(v[i] * inverse);   // rounds half to even
+    q[i] = static_cast<int8_t>(std::min(127.f, std::max(-127.f, s)));
+  }
+  for (int64_t s = 0; s < block / sub; ++s) {
+    int32_t sum = 0;
+    for (int64_t i = 0; i < sub; ++i) sum += q[s * sub + i];
+    xs[s] = static_cast<int16_t>(sum);
+  }
+#endif
+}
+
 void quantize_rows(const float* x, int64_t n, int64_t width, int64_t block, int64_t sub,
                    int8_t* xq, float* dx, int16_t* xs) {
-  for (int64_t r = 0; r < n; ++r) {
-    for (int64_t b = 0; b < width / block; ++b) {
-      const float* v = x + r * width + b * block;
-      float amax = 0.f;
-      for (int64_t i = 0; i < block; ++i) amax = std::max(amax, std::fabs(v[i]));
-      const float inverse = amax > 0.f ? 127.f / amax : 0.f;
-      dx[r * (width / block) + b] = amax / 127.f;
-      int8_t* q = xq + r * width + b * block;
-      for (int64_t i = 0; i < block; ++i) {
-        const float s = std::nearbyint(v[i] * inverse);   // rounds half to even
-        q[i] = static_cast<int8_t>(std::min(127.f, std::max(-127.f, s)));
-      }
-      for (int64_t s = 0; s < block / sub; ++s) {
-        int32_t sum = 0;
-        for (int64_t i = 0; i < sub; ++i) sum += q[s * sub + i];
-        xs[r * (width / sub) + b * (block / sub) + s] = static_cast<int16_t>(sum);
-      }
-    }
-  }
+  for (int64_t r = 0; r < n; ++r)
+    for (int64_t b = 0; b < width / block; ++b)
+      quantize_block(x + r * width + b * block, block, sub, xq + r * width + b * block,
+                     dx + r * (width / block) + b, xs + r * (width / sub) + b * (block / sub));
 }
 
 }  // namespace
@@ -358,8 +416,10 @@ void quantize_rows(const float* x, int64_t n, int64_t width, int64_t block, int6
 // dtype, or the float32 sums (before the bias) with float_output.
 torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& records, int64_t qtype,
                      int64_t out_features, const c10::optional<torch::Tensor>& bias,
-                     bool float_output) {
+                     bool float_output, int64_t tile) {
   const Format f = format_of(qtype);
+  tile = tile == 0 ? kTile : tile;
+  TORCH_CHECK(tile >= 1 && tile <= kRows, "tile: expected 1 to ", kRows, " rows, got ", tile);
   TORCH_CHECK(x.dim() == 2, "x: expected 2-D [rows, in_features], got ", x.sizes());
   TORCH_CHECK(records.dim() == 3 && records.scalar_type() == torch::kUInt8 &&
               records.size(2) == f.record && records.is_contiguous(),
@@ -376,17 +436,17 @@ torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& records, int64
   torch::Tensor xs = torch::empty({n, width / f.sub}, x.options().dtype(torch::kInt16));
   quantize_rows(xf.data_ptr<float>(), n, width, f.block, f.sub, xq.data_ptr<int8_t>(),
                 dx.data_ptr<float>(), xs.data_ptr<int16_t>());
-  torch::Tensor y = torch::zeros({n, groups * kGroup}, x.options().dtype(torch::kFloat));
+  torch::Tensor y = torch::empty({n, groups * kGroup}, x.options().dtype(torch::kFloat));
   const Rows all{xq.data_ptr<int8_t>(), width, dx.data_ptr<float>(), blocks,
                  xs.data_ptr<int16_t>(), width / f.sub, y.data_ptr<float>(), groups * kGroup};
   const auto* rec = records.data_ptr<uint8_t>();
   at::parallel_for(0, groups, 1, [&](int64_t g0, int64_t g1) {
     switch (qtype) {
-      case kQ4_0: run_groups<kQ4_0>(g0, g1, rec, f, blocks, all, n); break;
-      case kQ4_1: run_groups<kQ4_1>(g0, g1, rec, f, blocks, all, n); break;
-      case kQ8_0: run_groups<kQ8_0>(g0, g1, rec, f, blocks, all, n); break;
-      case kQ4_K: run_groups<kQ4_K>(g0, g1, rec, f, blocks, all, n); break;
-      default: run_groups<kQ6_K>(g0, g1, rec, f, blocks, all, n); break;
+      case kQ4_0: run_groups<kQ4_0>(g0, g1, rec, f, blocks, all, n, tile); break;
+      case kQ4_1: run_groups<kQ4_1>(g0, g1, rec, f, blocks, all, n, tile); break;
+      case kQ8_0: run_groups<kQ8_0>(g0, g1, rec, f, blocks, all, n, tile); break;
+      case kQ4_K: run_groups<kQ4_K>(g0, g1, rec, f, blocks, all, n, tile); break;
+      default: run_groups<kQ6_K>(g0, g1, rec, f, blocks, all, n, tile); break;
     }
   });
   if (out_features != groups * kGroup) y = y.narrow(1, 0, out_features);
@@ -413,9 +473,10 @@ std::vector<torch::Tensor> quantize(const torch::Tensor& x, int64_t block, int64
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.attr("isa") = kIsa;
   m.attr("rows") = kRows;
+  m.attr("tile") = kTile;
   m.def("linear", &linear, "x @ W.T + b from GGUF blocks repacked by quant_formats.pack",
         py::arg("x"), py::arg("records"), py::arg("qtype"), py::arg("out_features"),
-        py::arg("bias") = py::none(), py::arg("float_output") = false);
+        py::arg("bias") = py::none(), py::arg("float_output") = false, py::arg("tile") = 0);
   m.def("quantize", &quantize, "the activations as linear quantizes them",
         py::arg("x"), py::arg("block"), py::arg("sub"));
 }

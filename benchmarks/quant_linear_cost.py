@@ -126,13 +126,16 @@ def baselines(args: argparse.Namespace) -> None:
     raw = torch.from_numpy(_q4k_blocks(w))
     cases["QuantLinear Q4_K"] = QuantLinear(raw, 12, width)
     inputs = {k: torch.randn(k, width) for k in args.rows}
-    print(f"[{out}, {width}] weight, ms per call (median of {args.rounds} rounds) and x 1 row")
+    print(f"[{out}, {width}] weight, {torch.get_num_threads()} threads, rows {args.rows}: "
+          f"ms per call (median of {args.rounds} rounds), x 1 row, CPU ms per call")
     for name, fn in cases.items():
+        cpu: dict = {}
         times = time_rounds(lambda k, fn=fn: fn(inputs[k]), args.rows, args.rounds,
-                            args.repeat * 4)
+                            args.repeat * 4, cpu)
         med = [statistics.median(times[k]) for k in args.rows]
-        print(f"{name:34s}" + "".join(f" {v:7.3f}" for v in med) + "   x"
-              + " ".join(f"{v / med[0]:.2f}" for v in med))
+        print(f"{name:32s}" + "".join(f" {v:7.3f}" for v in med) + "  x"
+              + " ".join(f"{v / med[0]:.2f}" for v in med) + "  CPU"
+              + "".join(f" {statistics.median(cpu[k]):.3f}" for k in args.rows))
 
 
 def _q4k_blocks(w: torch.Tensor) -> np.ndarray:

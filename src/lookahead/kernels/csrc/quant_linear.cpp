@@ -43,7 +43,11 @@ namespace {
 
 enum QType : int { kQ4_0 = 2, kQ4_1 = 3, kQ8_0 = 8, kQ4_K = 12, kQ6_K = 14 };
 constexpr int kGroup = 16;          // outputs per record
-constexpr int64_t kAhead = 4096;    // bytes of records ahead to ask memory for
+// Bytes of records ahead to ask memory for. Without it, a pass of 8 rows over a Q4_K layer
+// read from memory took 1.8 times its time from cache (memory and arithmetic did not
+// overlap); with it, the same. One or two rows of Q4_K are left to the hardware prefetcher:
+// the prefetches cost them 10-20 % (docs/quantized-kernel.md).
+constexpr int64_t kAhead = 4096;
 
 inline int32_t load32(const void* p) { int32_t v; std::memcpy(&v, p, 4); return v; }
 
@@ -159,9 +163,11 @@ struct Rows {
 
 inline I bcast(const int8_t* p) { return V::set1(load32(p)); }
 
+// Asks for the lines of [ahead + from, ahead + to) (nothing when ahead is null). An asm
+// statement: GCC 12 dropped _mm_prefetch here as dead code (no prefetcht0 in the build).
 inline void prefetch_lines(const uint8_t* ahead, int64_t from, int64_t to) {
   if (ahead == nullptr) return;
-  for (int64_t o = from; o < to; o += 64) _mm_prefetch(reinterpret_cast<const char*>(ahead + o), _MM_HINT_T0);
+  for (int64_t o = from; o < to; o += 64) asm volatile("prefetcht0 %0" : : "m"(ahead[o]));
 }
 
 // y[r] += ((isum * d) - (msum * dmin)) * dx[r], in this order (reference_linear's); the first
@@ -339,7 +345,7 @@ Format format_of(int64_t qtype) {
 // cache).
 template <int QT>
 void run_groups(int64_t g0, int64_t g1, const uint8_t* records, const Format& f, int64_t blocks,
-                const Rows& all, int64_t n, int64_t tile) {
+                const Rows& all, int64_t n, int64_t tile, int64_t distance) {
   static constexpr auto table = rows_table<QT>(std::make_integer_sequence<int, kRows>{});
   const int64_t subs = f.block / f.sub;
   for (int64_t g = g0; g < g1; ++g) {
@@ -351,11 +357,13 @@ void run_groups(int64_t g0, int64_t g1, const uint8_t* records, const Format& f,
                      all.dx + r * all.lddx + b, all.lddx,
                      all.xs + r * all.ldxs + b * subs, all.ldxs,
                      all.y + r * all.ldy + g * kGroup, all.ldy};
-        const uint8_t* ahead = r == 0 ? rec + kAhead : nullptr;
+        const int64_t rows = std::min<int64_t>(tile, n - r);
+        const bool ask = r == 0 && distance > 0 && (QT != kQ4_K || rows > 2);
+        const uint8_t* ahead = ask ? rec + distance : nullptr;
         for (int lane0 = 0; lane0 < kGroup; lane0 += V::kLanes) {
           Rows half = a;
           half.y += lane0;
-          table[std::min<int64_t>(tile, n - r) - 1](rec, count, half, lane0 ? nullptr : ahead,
+          table[rows - 1](rec, count, half, lane0 ? nullptr : ahead,
                                                       lane0, b == 0);
         }
       }
@@ -416,7 +424,7 @@ void quantize_rows(const float* x, int64_t n, int64_t width, int64_t block, int6
 // dtype, or the float32 sums (before the bias) with float_output.
 torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& records, int64_t qtype,
                      int64_t out_features, const c10::optional<torch::Tensor>& bias,
-                     bool float_output, int64_t tile) {
+                     bool float_output, int64_t tile, int64_t distance) {
   const Format f = format_of(qtype);
   tile = tile == 0 ? kTile : tile;
   TORCH_CHECK(tile >= 1 && tile <= kRows, "tile: expected 1 to ", kRows, " rows, got ", tile);
@@ -442,11 +450,11 @@ torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& records, int64
   const auto* rec = records.data_ptr<uint8_t>();
   at::parallel_for(0, groups, 1, [&](int64_t g0, int64_t g1) {
     switch (qtype) {
-      case kQ4_0: run_groups<kQ4_0>(g0, g1, rec, f, blocks, all, n, tile); break;
-      case kQ4_1: run_groups<kQ4_1>(g0, g1, rec, f, blocks, all, n, tile); break;
-      case kQ8_0: run_groups<kQ8_0>(g0, g1, rec, f, blocks, all, n, tile); break;
-      case kQ4_K: run_groups<kQ4_K>(g0, g1, rec, f, blocks, all, n, tile); break;
-      default: run_groups<kQ6_K>(g0, g1, rec, f, blocks, all, n, tile); break;
+      case kQ4_0: run_groups<kQ4_0>(g0, g1, rec, f, blocks, all, n, tile, distance); break;
+      case kQ4_1: run_groups<kQ4_1>(g0, g1, rec, f, blocks, all, n, tile, distance); break;
+      case kQ8_0: run_groups<kQ8_0>(g0, g1, rec, f, blocks, all, n, tile, distance); break;
+      case kQ4_K: run_groups<kQ4_K>(g0, g1, rec, f, blocks, all, n, tile, distance); break;
+      default: run_groups<kQ6_K>(g0, g1, rec, f, blocks, all, n, tile, distance); break;
     }
   });
   if (out_features != groups * kGroup) y = y.narrow(1, 0, out_features);
@@ -476,7 +484,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.attr("tile") = kTile;
   m.def("linear", &linear, "x @ W.T + b from GGUF blocks repacked by quant_formats.pack",
         py::arg("x"), py::arg("records"), py::arg("qtype"), py::arg("out_features"),
-        py::arg("bias") = py::none(), py::arg("float_output") = false, py::arg("tile") = 0);
+        py::arg("bias") = py::none(), py::arg("float_output") = false, py::arg("tile") = 0,
+        py::arg("distance") = kAhead);
   m.def("quantize", &quantize, "the activations as linear quantizes them",
         py::arg("x"), py::arg("block"), py::arg("sub"));
 }

@@ -20,7 +20,11 @@ from hypothesis import strategies as st
 
 from lookahead.kernels import quant_formats as qf
 from lookahead.kernels import quant_linear as ql
-from lookahead.kernels.quant_linear import QuantLinear, quant_kernel_problem, supported_qtypes
+from lookahead.kernels.quant_linear import (
+    QuantLinear,
+    quant_kernel_problem,
+    supported_qtypes,
+)
 
 QTYPES = sorted(supported_qtypes())
 NAMES = {t: qf.FORMATS[t].name for t in QTYPES}
@@ -139,15 +143,15 @@ def test_forward_adds_bias_and_keeps_dtype():
 
 
 @pytest.mark.parametrize("bad, message", [
-    (dict(qtype=1), "qtype: expected one of"),
-    (dict(in_features=100), "in_features: expected a positive multiple of Q4_K's block"),
-    (dict(raw=torch.zeros(4, 10, dtype=torch.uint8)), "raw: expected 144 bytes a row"),
-    (dict(raw=torch.zeros(4, 144)), "raw: expected a uint8 tensor"),
-    (dict(bias=torch.zeros(5)), r"bias: expected shape \(4,\)"),
+    ({"qtype": 1}, "qtype: expected one of"),
+    ({"in_features": 100}, "in_features: expected a positive multiple of Q4_K's block"),
+    ({"raw": torch.zeros(4, 10, dtype=torch.uint8)}, "raw: expected 144 bytes a row"),
+    ({"raw": torch.zeros(4, 144)}, "raw: expected a uint8 tensor"),
+    ({"bias": torch.zeros(5)}, r"bias: expected shape \(4,\)"),
 ])
 def test_bad_arguments_name_themselves(bad, message):
-    args = dict(raw=torch.zeros(4, 144, dtype=torch.uint8), qtype=qf.Q4_K, in_features=256,
-                bias=None) | bad
+    args = {"raw": torch.zeros(4, 144, dtype=torch.uint8), "qtype": qf.Q4_K,
+            "in_features": 256, "bias": None} | bad
     with pytest.raises(ValueError, match=message):
         QuantLinear(**args, kernel=False)
 

@@ -171,8 +171,9 @@ def pack(parts: QuantParts, qtype: int) -> torch.Tensor:
         pieces.append((eight[..., 0, :] | (eight[..., 1, :] << 4)).transpose(0, 2, 3, 1, 4))
     if fmt.bits == 6:
         high = (q >> 4).reshape(groups, LANES, blocks, -1, 4, 4)   # [.., 16ths, k, b]
-        shifted = high << (2 * np.arange(4, dtype=np.uint8)).reshape(4, 1)
-        pieces.append(np.bitwise_or.reduce(shifted, axis=-2).transpose(0, 2, 3, 1, 4))
+        bits = high[..., 0, :] | (high[..., 1, :] << 2) | (high[..., 2, :] << 4) | (
+            high[..., 3, :] << 6)
+        pieces.append(bits.transpose(0, 2, 3, 1, 4))
     if fmt.block > 32:
         pieces.append(_lanes(pad(parts.sc).astype(np.uint8), groups, blocks))
         if fmt.has_min:

@@ -77,7 +77,7 @@ def best_isa() -> str:
 
 # Cached: the build is per process anyway (a loaded extension stays imported), and every
 # QuantLinear of a model asks for it.
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def load_quant_kernel(isa: str | None = None) -> ModuleType:
     """Compile (first time) or load the kernel built for ``isa`` (None: :func:`best_isa`).
 
@@ -88,7 +88,8 @@ def load_quant_kernel(isa: str | None = None) -> ModuleType:
     isa = best_isa() if isa is None else isa
     if isa not in ISA_FLAGS:
         raise ValueError(f"isa: expected one of {sorted(ISA_FLAGS)}, got {isa!r}")
-    from torch.utils import cpp_extension  # imported here: it is slow, and only this needs it
+    # imported here: it is slow, and only this needs it
+    from torch.utils import cpp_extension
 
     logger.info("loading the %s quantized kernel (compiled on first use, about a minute)", isa)
     # -ffp-contract=off: no fused multiply-adds, so the float steps round as the reference's

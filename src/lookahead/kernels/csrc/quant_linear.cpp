@@ -378,7 +378,8 @@ void quantize_block(const float* v, int64_t block, int64_t sub, int8_t* q, float
                     int16_t* xs) {
 #if defined(__AVX512F__)
   __m512 m = _mm512_setzero_ps();
-  for (int64_t i = 0; i < block; i += 16) m = _mm512_max_ps(m, _mm512_abs_ps(_mm512_loadu_ps(v + i)));
+  for (int64_t i = 0; i < block; i += 16)
+    m = _mm512_max_ps(m, _mm512_abs_ps(_mm512_loadu_ps(v + i)));
   const float amax = _mm512_reduce_max_ps(m);
 #else
   float amax = 0.f;

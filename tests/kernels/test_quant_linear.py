@@ -9,6 +9,7 @@ kernel tests skip, and say why; the reference tests run everywhere.
 
 from __future__ import annotations
 
+import copy
 import logging
 
 import gguf
@@ -166,9 +167,11 @@ def test_without_the_kernel_a_clear_error_or_the_reference(monkeypatch, caplog):
             layer(qf.Q6_K, 16, 256, kernel=True)
         with caplog.at_level(logging.WARNING):
             module = layer(qf.Q6_K, 16, 256)
-        assert "computes in PyTorch instead" in caplog.text and module._kernel is None
+        assert "computes in PyTorch instead" in caplog.text and module.isa is None
         x = torch.randn(2, 256)
         assert torch.equal(module(x), module.reference(x))
+        with pytest.raises(RuntimeError, match="no kernel"):
+            module.kernel_sums(x)
     finally:
         ql.load_quant_kernel.cache_clear()
 
@@ -193,8 +196,15 @@ def test_kernel_gives_the_reference_bits(isa, qtype, out, blocks, rows, seed, fr
     width = blocks * qf.FORMATS[qtype].block
     module = layer(qtype, out, width, seed, from_floats, kernel=True, isa=isa)
     x = torch.randn(rows, width, generator=torch.Generator().manual_seed(seed)) * 3
-    sums = module._kernel.linear(x, module.records, qtype, out, None, True)
+    sums = module.kernel_sums(x)
     assert torch.equal(sums.view(torch.int32), module.reference(x).view(torch.int32))
+
+
+@needs_kernel
+def test_a_deep_copy_gives_the_same_bits():
+    module = layer(qf.Q4_K, 32, 256, kernel=True)
+    x = torch.randn(3, 256)
+    assert torch.equal(copy.deepcopy(module)(x), module(x))
 
 
 @needs_kernel

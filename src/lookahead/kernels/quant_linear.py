@@ -150,7 +150,10 @@ class QuantLinear(torch.nn.Module):
         self.register_buffer("records", quant_formats.pack(parts, qtype), persistent=False)
         self.bias = None if bias is None else torch.nn.Parameter(
             bias.detach().float(), requires_grad=False)
-        self._kernel = self._choose_kernel(kernel, isa)
+        chosen = self._choose_kernel(kernel, isa)
+        # the builtin function, not the module: copy.deepcopy keeps a builtin as it is
+        self._linear = None if chosen is None else chosen.linear
+        self.isa: str | None = None if chosen is None else chosen.isa
         self.tile = tile
 
     @staticmethod
@@ -171,15 +174,27 @@ class QuantLinear(torch.nn.Module):
         if x.shape[-1] != self.in_features:
             raise ValueError(f"x: expected [..., {self.in_features}], got {tuple(x.shape)}")
         rows = x.reshape(-1, self.in_features)
-        if self._kernel is not None:
-            y = self._kernel.linear(rows, self.records, self.qtype, self.out_features,
-                                    self.bias, False, self.tile)
+        if self._linear is not None:
+            y = self._linear(rows, self.records, self.qtype, self.out_features, self.bias,
+                             False, self.tile)
         else:
             y = self.reference(rows)
             if self.bias is not None:
                 y = y + self.bias
             y = y.to(x.dtype)
         return y.reshape(*x.shape[:-1], self.out_features)
+
+    def kernel_sums(self, rows: torch.Tensor) -> torch.Tensor:
+        """The compiled kernel's float32 sums (before the bias): rows [N, in_features] ->
+        [N, out_features], the bits of :meth:`reference`.
+
+        Raises:
+            RuntimeError: when this layer has no compiled kernel.
+        """
+        if self._linear is None:
+            raise RuntimeError("kernel_sums: this QuantLinear computes in PyTorch (no kernel)")
+        return self._linear(rows, self.records, self.qtype, self.out_features, None, True,
+                            self.tile)
 
     def reference(self, rows: torch.Tensor) -> torch.Tensor:
         """The kernel's float32 sums (before the bias), in PyTorch: rows [N, in_features]
@@ -194,6 +209,6 @@ class QuantLinear(torch.nn.Module):
             quant_formats.unpack(self.records, self.qtype, self.out_features), self.qtype)
 
     def extra_repr(self) -> str:
-        how = f"{self._kernel.isa} kernel" if self._kernel is not None else "PyTorch"
+        how = f"{self.isa} kernel" if self.isa is not None else "PyTorch"
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
                 f"qtype={FORMATS[self.qtype].name}, bias={self.bias is not None}, {how}")

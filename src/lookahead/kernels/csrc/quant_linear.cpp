@@ -4,14 +4,16 @@
 //
 // Why our own: decoding a 1.5B model on a CPU is bound by reading its weights (Q4_K_M: 1.04
 // GiB, about 31 ms a pass at 33 GB/s), and speculation pays only when checking k guessed
-// tokens costs about as much as one. Measured on a 2-core AMD EPYC (Zen 4), a 8960 x 1536
-// layer (docs/quantized-kernel.md): PyTorch's dynamic int8 (FBGEMM) is fast for one row but
-// keeps per-row weights of int8 (8 bits a weight, twice Q4_K's bytes) with one scale per
-// output, so GGUF's blocks cannot go in unchanged; _weight_int8pack_mm is 8 bits a weight as
-// well; _weight_int4pack_mm_for_cpu takes 4-bit groups with a float scale and zero per group,
-// which cannot hold Q4_K's 6-bit sub-block scales times a float16 super-scale or Q6_K's 6-bit
-// quants exactly, and its cost grows with rows; bfloat16 is 3.5 times Q4_K's bytes. None
-// takes Q4_K / Q6_K losslessly at Q4_K's size, so none can serve a Q4_K_M file as it is.
+// tokens costs about as much as one. PyTorch's CPU products, one 8960 x 1536 layer, one
+// thread, on a 2-core AMD EPYC (Zen 4), cost for 1 / 2 / 4 / 8 rows (docs/quantized-kernel.md):
+// - FBGEMM's dynamic int8: 1.0 / 1.04 / 1.33 / 2.28 times one row, fast, but int8 weights
+//   with one scale per output: 8 bits a weight (twice Q4_K's bytes per token), and Q4_K's
+//   per-32 scales and mins or Q6_K's per-16 scales cannot go in without re-quantizing;
+// - _weight_int8pack_mm: 1.0 / 1.30 / 1.78 / 3.56, 8 bits a weight, one scale per output;
+// - _weight_int4pack_mm_for_cpu: 1.0 / 1.20 / 1.64 / 3.16, 4-bit groups with a bfloat16
+//   scale and zero, which hold neither Q4_K's d * sc and dmin * m exactly nor Q6_K's 6 bits;
+// - bfloat16 F.linear: 3.5 times Q4_K's bytes, bound by arithmetic without AMX.
+// None takes a Q4_K_M file's blocks losslessly at their size.
 //
 // How: the activations are quantized per row to int8 with one scale per GGUF block (256
 // inputs for the K-types, as ggml's q8_K; 32 for the others, as q8_0). For 16 outputs at a
@@ -27,8 +29,8 @@
 // The layout (quant_formats.py's docstring) keeps the GGUF sizes: Q4_K 4.625 bits a weight
 // (its 6-bit scales widened to bytes), Q6_K 6.5625, Q4_0 4.5, Q4_1 5, Q8_0 8.5.
 //
-// Built twice by quant_linear.py: with -mavx512vnni (and BW, F16C) or with -mavx2 only; the
-// same templates serve both through the Avx512 / Avx2 traits below.
+// Built twice by quant_linear.py: with -mavx512vnni (and BW, VL, F16C) or with -mavx2 and
+// F16C; the same templates serve both through the traits struct V, defined per build below.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <immintrin.h>

@@ -2,6 +2,9 @@
 
 ``packing``            choosing and applying a weight layout for the linear layers
 ``stream_linear``      bfloat16 weights summed in float32 by the compiled ``csrc/stream_linear.cpp``
+``quant_formats``      GGUF blocks (Q4_0, Q4_1, Q8_0, Q4_K, Q6_K): parsing, repacking, reference
+``quant_linear``       quantized GGUF weights multiplied by the compiled ``csrc/quant_linear.cpp``
+``build``              compiling the C++ kernels on first use
 ``grouped_attention``  grouped-query attention without repeating the key/value heads
 """
 

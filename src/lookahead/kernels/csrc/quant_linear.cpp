@@ -1,0 +1,494 @@
+// y = x @ W.T + b for a weight W kept in GGUF's quantized blocks (Q4_0, Q4_1, Q8_0, Q4_K, Q6_K)
+// and a few rows x, by integer dot products: each weight is read from memory once per pass and
+// multiplied into up to kRows token rows.
+//
+// Why our own: decoding a 1.5B model on a CPU is bound by reading its weights (Q4_K_M: 1.04
+// GiB, about 31 ms a pass at 33 GB/s), and speculation pays only when checking k guessed
+// tokens costs about as much as one. PyTorch's CPU products, one 8960 x 1536 layer, one
+// thread, on a 2-core AMD EPYC (Zen 4), cost for 1 / 2 / 4 / 8 rows (docs/quantized-kernel.md):
+// - FBGEMM's dynamic int8: 1.0 / 1.04 / 1.33 / 2.28 times one row, fast, but int8 weights
+//   with one scale per output: 8 bits a weight (twice Q4_K's bytes per token), and Q4_K's
+//   per-32 scales and mins or Q6_K's per-16 scales cannot go in without re-quantizing;
+// - _weight_int8pack_mm: 1.0 / 1.30 / 1.78 / 3.56, 8 bits a weight, one scale per output;
+// - _weight_int4pack_mm_for_cpu: 1.0 / 1.20 / 1.64 / 3.16, 4-bit groups with a bfloat16
+//   scale and zero, which hold neither Q4_K's d * sc and dmin * m exactly nor Q6_K's 6 bits;
+// - bfloat16 F.linear: 3.5 times Q4_K's bytes, bound by arithmetic without AMX.
+// None takes a Q4_K_M file's blocks losslessly at their size.
+//
+// How: the activations are quantized per row to int8 with one scale per GGUF block (256
+// inputs for the K-types, as ggml's q8_K; 32 for the others, as q8_0). For 16 outputs at a
+// time (one 512-bit register of int32), each 64-byte chunk of packed quants is loaded and
+// unpacked once and multiplied into every row with vpdpbusd (AVX512-VNNI: unsigned weight
+// bytes times signed activation bytes, 4 products a lane) or, on AVX2, with vpmaddubsw and
+// vpmaddwd. Sub-block scales multiply the integer sums exactly (int32); per block one float
+// combination ((isum * d) - (msum * dmin)) * dx is added to the row's float32 sum. The integer
+// sums are exact, and the float operations run in one fixed order per row, so
+// (a) lookahead.kernels.quant_formats.reference_linear gives the same bits in PyTorch, and
+// (b) a row's result does not depend on the rows beside it: k rows give the bits of k passes
+//     of one row.
+// The layout (quant_formats.py's docstring) keeps the GGUF sizes: Q4_K 4.625 bits a weight
+// (its 6-bit scales widened to bytes), Q6_K 6.5625, Q4_0 4.5, Q4_1 5, Q8_0 8.5.
+//
+// Built twice by quant_linear.py: with -mavx512vnni (and BW, VL, F16C) or with -mavx2 and
+// F16C; the same templates serve both through the traits struct V, defined per build below.
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+#include <immintrin.h>
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstring>
+#include <utility>
+
+namespace {
+
+enum QType : int { kQ4_0 = 2, kQ4_1 = 3, kQ8_0 = 8, kQ4_K = 12, kQ6_K = 14 };
+constexpr int kGroup = 16;          // outputs per record
+// Bytes of records ahead to ask memory for. Without it, a pass of 8 rows over a Q4_K layer
+// read from memory took 1.8 times its time from cache (memory and arithmetic did not
+// overlap); with it, the same. One or two rows of Q4_K are left to the hardware prefetcher:
+// the prefetches cost them 10-20 % (docs/quantized-kernel.md).
+constexpr int64_t kAhead = 4096;
+
+inline int32_t load32(const void* p) { int32_t v; std::memcpy(&v, p, 4); return v; }
+
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+constexpr const char* kIsa = "avx512vnni";
+// Token rows per weight read: at most kRows, kTile unless asked otherwise (rows tried:
+// docs/quantized-kernel.md).
+constexpr int kRows = 12;
+constexpr int kTile = 8;
+struct V {
+  using I = __m512i;
+  using F = __m512;
+  static constexpr int kLanes = 16;
+  static constexpr bool kQ8Offset = true;   // Q8_0 bytes stay +128: subtract 128 * sum(x)
+  static I zero() { return _mm512_setzero_si512(); }
+  static I load(const uint8_t* p) { return _mm512_loadu_si512(p); }
+  static I set1(int32_t v) { return _mm512_set1_epi32(v); }
+  static I set8(int v) { return _mm512_set1_epi8(static_cast<char>(v)); }
+  static I and_(I a, I b) { return _mm512_and_si512(a, b); }
+  static I or_(I a, I b) { return _mm512_or_si512(a, b); }
+  template <int S> static I srl(I a) { return _mm512_srli_epi16(a, S); }
+  template <int S> static I sll(I a) { return _mm512_slli_epi16(a, S); }
+  static I dot(I acc, I u, I s) { return _mm512_dpbusd_epi32(acc, u, s); }
+  static I dot_q8(I acc, I u, I s) { return _mm512_dpbusd_epi32(acc, u, s); }
+  static I dot16(I acc, I a, I b) { return _mm512_dpwssd_epi32(acc, a, b); }
+  static I mul(I a, I b) { return _mm512_mullo_epi32(a, b); }
+  static I add(I a, I b) { return _mm512_add_epi32(a, b); }
+  static I u8x32(const uint8_t* p) {
+    return _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  }
+  static I i8x32(const uint8_t* p) {
+    return _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  }
+  static I u8x16(const uint8_t* p) {
+    return _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  }
+  static F half(const uint8_t* p) {
+    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  }
+  static F cvt(I a) { return _mm512_cvtepi32_ps(a); }
+  static F setf(float v) { return _mm512_set1_ps(v); }
+  static F fmul(F a, F b) { return _mm512_mul_ps(a, b); }
+  static F fsub(F a, F b) { return _mm512_sub_ps(a, b); }
+  static F fadd(F a, F b) { return _mm512_add_ps(a, b); }
+  static F loadf(const float* p) { return _mm512_loadu_ps(p); }
+  static void storef(float* p, F a) { _mm512_storeu_ps(p, a); }
+};
+#elif defined(__AVX2__) && defined(__F16C__)
+constexpr const char* kIsa = "avx2";
+constexpr int kRows = 6;   // 16 ymm registers: the rows' two sums each and the weights
+constexpr int kTile = 4;
+struct V {
+  using I = __m256i;
+  using F = __m256;
+  static constexpr int kLanes = 8;
+  static constexpr bool kQ8Offset = false;  // Q8_0 by the sign trick: no +128 offset
+  static I zero() { return _mm256_setzero_si256(); }
+  static I load(const uint8_t* p) { return _mm256_loadu_si256(reinterpret_cast<const I*>(p)); }
+  static I set1(int32_t v) { return _mm256_set1_epi32(v); }
+  static I set8(int v) { return _mm256_set1_epi8(static_cast<char>(v)); }
+  static I and_(I a, I b) { return _mm256_and_si256(a, b); }
+  static I or_(I a, I b) { return _mm256_or_si256(a, b); }
+  template <int S> static I srl(I a) { return _mm256_srli_epi16(a, S); }
+  template <int S> static I sll(I a) { return _mm256_slli_epi16(a, S); }
+  // u * s by bytes, pairs summed to int16 (no saturation: u <= 63 here), then pairs to int32
+  static I dot(I acc, I u, I s) {
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s),
+                                                   _mm256_set1_epi16(1)));
+  }
+  // Q8_0: u holds w + 128; |w| * (x * sign(w)) keeps each int16 pair under 2^15
+  static I dot_q8(I acc, I u, I s) {
+    const I w = _mm256_xor_si256(u, set8(0x80));
+    return dot(acc, _mm256_sign_epi8(w, w), _mm256_sign_epi8(s, w));
+  }
+  static I dot16(I acc, I a, I b) { return _mm256_add_epi32(acc, _mm256_madd_epi16(a, b)); }
+  static I mul(I a, I b) { return _mm256_mullo_epi32(a, b); }
+  static I add(I a, I b) { return _mm256_add_epi32(a, b); }
+  static I u8x32(const uint8_t* p) {
+    return _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+  }
+  static I i8x32(const uint8_t* p) {
+    return _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+  }
+  static I u8x16(const uint8_t* p) {
+    return _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  }
+  static F half(const uint8_t* p) {
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  }
+  static F cvt(I a) { return _mm256_cvtepi32_ps(a); }
+  static F setf(float v) { return _mm256_set1_ps(v); }
+  static F fmul(F a, F b) { return _mm256_mul_ps(a, b); }
+  static F fsub(F a, F b) { return _mm256_sub_ps(a, b); }
+  static F fadd(F a, F b) { return _mm256_add_ps(a, b); }
+  static F loadf(const float* p) { return _mm256_loadu_ps(p); }
+  static void storef(float* p, F a) { _mm256_storeu_ps(p, a); }
+};
+#else
+#error "quant_linear.cpp needs AVX2 and F16C (or AVX512-VNNI and BW)"
+#endif
+
+using I = V::I;
+using F = V::F;
+
+// Where one call's rows are: xq at the block's first input of row 0, dx / xs at its first
+// scale / sub-sum, y at the group's first output of row 0; ld* step one row on.
+struct Rows {
+  const int8_t* xq; int64_t ldx;
+  const float* dx; int64_t lddx;
+  const int16_t* xs; int64_t ldxs;
+  float* y; int64_t ldy;
+};
+
+inline I bcast(const int8_t* p) { return V::set1(load32(p)); }
+
+// Asks for the lines of [ahead + from, ahead + to) (nothing when ahead is null). An asm
+// statement: GCC 12 dropped _mm_prefetch here as dead code (no prefetcht0 in the build).
+inline void prefetch_lines(const uint8_t* ahead, int64_t from, int64_t to) {
+  if (ahead == nullptr) return;
+  for (int64_t o = from; o < to; o += 64) asm volatile("prefetcht0 %0" : : "m"(ahead[o]));
+}
+
+// y[r] += ((isum * d) - (msum * dmin)) * dx[r], in this order (reference_linear's); the first
+// block adds to +0 rather than to y (not yet written).
+template <int R, bool kMin>
+inline void finish(const I* isum, const I* msum, F d, F dmin, const Rows& a, int64_t b,
+                   bool first) {
+  for (int r = 0; r < R; ++r) {
+    F t = V::fmul(V::cvt(isum[r]), d);
+    if constexpr (kMin) t = V::fsub(t, V::fmul(V::cvt(msum[r]), dmin));
+    t = V::fmul(t, V::setf(a.dx[r * a.lddx + b]));
+    float* y = a.y + r * a.ldy;
+    V::storef(y, V::fadd(first ? V::setf(0.f) : V::loadf(y), t));
+  }
+}
+
+// One Q4_K block: 256 inputs, 8 sub-blocks of 32 with 6-bit scale and min. lane0: first
+// output of this call within the record (AVX2 takes the 16 outputs in two halves).
+template <int R>
+void q4k(const uint8_t* rec, int64_t /*count*/, const Rows& a, const uint8_t* ahead, int lane0,
+         bool first) {
+  // Independent sums per row: vpdpbusd's latency is 4 cycles, its throughput 1 a cycle, so
+  // one or two rows keep several chains in flight (integers: their order changes nothing).
+  constexpr int S = R >= 4 ? 1 : 4 / R;
+  const I low = V::set8(0x0F);
+  I isum[R], acc[R][S];
+  for (int r = 0; r < R; ++r) isum[r] = V::zero();
+  for (int j = 0; j < 8; ++j) {
+    prefetch_lines(ahead, j * 296, (j + 1) * 296);   // 2368 bytes a record, an eighth each
+    for (int r = 0; r < R; ++r)
+      for (int s = 0; s < S; ++s) acc[r][s] = V::zero();
+    for (int c = 0; c < 4; ++c) {
+      const I p = V::load(rec + (4 * j + c) * 64 + lane0 * 4);
+      const I lo = V::and_(p, low), hi = V::and_(V::srl<4>(p), low);
+      const int8_t* x = a.xq + 32 * j + 8 * c;
+      for (int r = 0; r < R; ++r) {
+        I& even = acc[r][(2 * c) % S];
+        even = V::dot(even, lo, bcast(x + r * a.ldx));
+        I& odd = acc[r][(2 * c + 1) % S];
+        odd = V::dot(odd, hi, bcast(x + r * a.ldx + 4));
+      }
+    }
+    const I sc = V::u8x32(rec + 2048 + 16 * j + lane0);
+    for (int r = 0; r < R; ++r) {
+      for (int s = 1; s < S; ++s) acc[r][0] = V::add(acc[r][0], acc[r][s]);
+      isum[r] = V::add(isum[r], V::mul(acc[r][0], sc));
+    }
+  }
+  I pairs[4], msum[R];
+  for (int p = 0; p < 4; ++p) pairs[p] = V::u8x16(rec + 2176 + 32 * p + 2 * lane0);
+  for (int r = 0; r < R; ++r) {
+    msum[r] = V::zero();   // the min sums: over sub-blocks, m * sum(x)
+    for (int p = 0; p < 4; ++p)
+      msum[r] = V::dot16(msum[r], pairs[p], V::set1(load32(a.xs + r * a.ldxs + 2 * p)));
+  }
+  finish<R, true>(isum, msum, V::half(rec + 2304 + 2 * lane0), V::half(rec + 2336 + 2 * lane0),
+                  a, 0, first);
+}
+
+// One Q6_K block: 256 inputs, 16 sub-blocks of 16 with an int8 scale; quants 0..63, less 32.
+template <int R>
+void q6k(const uint8_t* rec, int64_t /*count*/, const Rows& a, const uint8_t* ahead, int lane0,
+         bool first) {
+  constexpr int S = R >= 4 ? 1 : 4 / R;   // independent sums per row, as in q4k
+  const I low = V::set8(0x0F), high = V::set8(0x30);
+  I isum[R], two[R][S];
+  for (int r = 0; r < R; ++r) isum[r] = V::zero();
+  for (int j = 0; j < 16; ++j) {
+    prefetch_lines(ahead, j * 210, (j + 1) * 210);   // 3360 bytes a record
+    for (int r = 0; r < R; ++r) {
+      two[r][0] = V::set1(-32 * a.xs[r * a.ldxs + j]);
+      for (int s = 1; s < S; ++s) two[r][s] = V::zero();
+    }
+    const I p0 = V::load(rec + 128 * j + lane0 * 4), p1 = V::load(rec + 128 * j + 64 + lane0 * 4);
+    const I h = V::load(rec + 2048 + 64 * j + lane0 * 4);
+    const I q[4] = {V::or_(V::and_(p0, low), V::and_(V::sll<4>(h), high)),
+                    V::or_(V::and_(V::srl<4>(p0), low), V::and_(V::sll<2>(h), high)),
+                    V::or_(V::and_(p1, low), V::and_(h, high)),
+                    V::or_(V::and_(V::srl<4>(p1), low), V::and_(V::srl<2>(h), high))};
+    const int8_t* x = a.xq + 16 * j;
+    for (int k = 0; k < 4; ++k)
+      for (int r = 0; r < R; ++r)
+        two[r][k % S] = V::dot(two[r][k % S], q[k], bcast(x + r * a.ldx + 4 * k));
+    const I sc = V::i8x32(rec + 3072 + 16 * j + lane0);
+    for (int r = 0; r < R; ++r) {
+      for (int s = 1; s < S; ++s) two[r][0] = V::add(two[r][0], two[r][s]);
+      isum[r] = V::add(isum[r], V::mul(two[r][0], sc));
+    }
+  }
+  finish<R, false>(isum, isum, V::half(rec + 3328 + 2 * lane0), V::setf(0.f), a, 0, first);
+}
+
+// `count` blocks of 32 inputs (Q4_0, Q4_1, Q8_0), one float16 scale (and min) each.
+template <int R, int QT>
+void small(const uint8_t* rec, int64_t count, const Rows& a, const uint8_t* ahead, int lane0,
+           bool first) {
+  constexpr bool kByte = QT == kQ8_0;
+  constexpr int64_t kQuantBytes = kByte ? 512 : 256;
+  constexpr int64_t kBytes = kQuantBytes + (QT == kQ4_1 ? 64 : 32);
+  constexpr int32_t kOffset = QT == kQ4_0 ? 8 : (kByte && V::kQ8Offset ? 128 : 0);
+  constexpr int S = R >= 4 ? 1 : 4 / R;   // independent sums per row, as in q4k
+  const I low = V::set8(0x0F);
+  I acc[R][S], msum[R];
+  for (int64_t b = 0; b < count; ++b, rec += kBytes) {
+    prefetch_lines(ahead == nullptr ? nullptr : ahead + b * kBytes, 0, kBytes);
+    for (int r = 0; r < R; ++r) {
+      const int32_t xs = a.xs[r * a.ldxs + b];
+      acc[r][0] = V::set1(-kOffset * xs);
+      for (int s = 1; s < S; ++s) acc[r][s] = V::zero();
+      msum[r] = V::set1(xs);
+    }
+    const int8_t* x = a.xq + 32 * b;
+    for (int c = 0; c < (kByte ? 8 : 4); ++c) {
+      const I p = V::load(rec + 64 * c + lane0 * 4);
+      if constexpr (kByte) {
+        for (int r = 0; r < R; ++r)
+          acc[r][c % S] = V::dot_q8(acc[r][c % S], p, bcast(x + r * a.ldx + 4 * c));
+      } else {
+        const I lo = V::and_(p, low), hi = V::and_(V::srl<4>(p), low);
+        for (int r = 0; r < R; ++r) {
+          I& even = acc[r][(2 * c) % S];
+          even = V::dot(even, lo, bcast(x + r * a.ldx + 8 * c));
+          I& odd = acc[r][(2 * c + 1) % S];
+          odd = V::dot(odd, hi, bcast(x + r * a.ldx + 8 * c + 4));
+        }
+      }
+    }
+    I isum[R];
+    for (int r = 0; r < R; ++r) {
+      isum[r] = acc[r][0];
+      for (int s = 1; s < S; ++s) isum[r] = V::add(isum[r], acc[r][s]);
+    }
+    const F d = V::half(rec + kQuantBytes + 2 * lane0);
+    if constexpr (QT == kQ4_1) {
+      finish<R, true>(isum, msum, d, V::half(rec + kQuantBytes + 32 + 2 * lane0), a, b,
+                      first && b == 0);
+    } else {
+      finish<R, false>(isum, msum, d, d, a, b, first && b == 0);
+    }
+  }
+}
+
+using Kernel = void (*)(const uint8_t*, int64_t, const Rows&, const uint8_t*, int, bool);
+
+template <int QT, int R>
+constexpr Kernel kernel_for() {
+  if constexpr (QT == kQ4_K) return q4k<R>;
+  else if constexpr (QT == kQ6_K) return q6k<R>;
+  else return small<R, QT>;
+}
+
+// kernel_for<QT, 1> ... <QT, kRows>, indexed by rows - 1
+template <int QT, int... R>
+constexpr std::array<Kernel, sizeof...(R)> rows_table(std::integer_sequence<int, R...>) {
+  return {kernel_for<QT, R + 1>()...};
+}
+
+struct Format { int64_t block, sub, record, step; };
+
+Format format_of(int64_t qtype) {
+  switch (qtype) {
+    case kQ4_0: return {32, 32, 288, 8};
+    case kQ4_1: return {32, 32, 320, 8};
+    case kQ8_0: return {32, 32, 544, 8};
+    case kQ4_K: return {256, 32, 2368, 1};
+    case kQ6_K: return {256, 16, 3360, 1};
+    default: TORCH_CHECK(false, "qtype: expected one of Q4_0 (2), Q4_1 (3), Q8_0 (8), Q4_K (12), "
+                         "Q6_K (14), got ", qtype);
+  }
+  return {};
+}
+
+// Groups [g0, g1) of 16 outputs: for each `step` blocks, every tile of up to `tile` rows reads
+// them (the first tile from memory, asking for the records kAhead bytes on; later tiles from
+// cache).
+template <int QT>
+void run_groups(int64_t g0, int64_t g1, const uint8_t* records, const Format& f, int64_t blocks,
+                const Rows& all, int64_t n, int64_t tile, int64_t distance) {
+  static constexpr auto table = rows_table<QT>(std::make_integer_sequence<int, kRows>{});
+  const int64_t subs = f.block / f.sub;
+  for (int64_t g = g0; g < g1; ++g) {
+    for (int64_t b = 0; b < blocks; b += f.step) {
+      const uint8_t* rec = records + (g * blocks + b) * f.record;
+      const int64_t count = std::min(f.step, blocks - b);
+      for (int64_t r = 0; r < n; r += tile) {
+        const Rows a{all.xq + r * all.ldx + b * f.block, all.ldx,
+                     all.dx + r * all.lddx + b, all.lddx,
+                     all.xs + r * all.ldxs + b * subs, all.ldxs,
+                     all.y + r * all.ldy + g * kGroup, all.ldy};
+        const int64_t rows = std::min<int64_t>(tile, n - r);
+        const bool ask = r == 0 && distance > 0 && (QT != kQ4_K || rows > 2);
+        const uint8_t* ahead = ask ? rec + distance : nullptr;
+        for (int lane0 = 0; lane0 < kGroup; lane0 += V::kLanes) {
+          Rows half = a;
+          half.y += lane0;
+          table[rows - 1](rec, count, half, lane0 ? nullptr : ahead,
+                                                      lane0, b == 0);
+        }
+      }
+    }
+  }
+}
+
+// Row by row: xq = round-half-even(x * (127 / amax)) per block, dx = amax / 127, xs = sums
+// of xq per sub-block (quant_formats.quantize_rows does the same in PyTorch). AVX-512: 16
+// lanes at a time (vcvtps2dq rounds half to even, as nearbyint does).
+void quantize_block(const float* v, int64_t block, int64_t sub, int8_t* q, float* dx,
+                    int16_t* xs) {
+#if defined(__AVX512F__)
+  __m512 m = _mm512_setzero_ps();
+  for (int64_t i = 0; i < block; i += 16)
+    m = _mm512_max_ps(m, _mm512_abs_ps(_mm512_loadu_ps(v + i)));
+  const float amax = _mm512_reduce_max_ps(m);
+#else
+  float amax = 0.f;
+  for (int64_t i = 0; i < block; ++i) amax = std::max(amax, std::fabs(v[i]));
+#endif
+  const float inverse = amax > 0.f ? 127.f / amax : 0.f;
+  *dx = amax / 127.f;
+#if defined(__AVX512F__)
+  const __m512 scale = _mm512_set1_ps(inverse);
+  const __m512i top = _mm512_set1_epi32(127), bottom = _mm512_set1_epi32(-127);
+  int32_t sum = 0;
+  for (int64_t i = 0; i < block; i += 16) {
+    __m512i r = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(v + i), scale));
+    r = _mm512_max_epi32(_mm512_min_epi32(r, top), bottom);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(q + i), _mm512_cvtepi32_epi8(r));
+    sum += _mm512_reduce_add_epi32(r);
+    if ((i + 16) % sub == 0) { xs[i / sub] = static_cast<int16_t>(sum); sum = 0; }
+  }
+#else
+  for (int64_t i = 0; i < block; ++i) {
+    const float s = std::nearbyint(v[i] * inverse);   // rounds half to even
+    q[i] = static_cast<int8_t>(std::min(127.f, std::max(-127.f, s)));
+  }
+  for (int64_t s = 0; s < block / sub; ++s) {
+    int32_t sum = 0;
+    for (int64_t i = 0; i < sub; ++i) sum += q[s * sub + i];
+    xs[s] = static_cast<int16_t>(sum);
+  }
+#endif
+}
+
+void quantize_rows(const float* x, int64_t n, int64_t width, int64_t block, int64_t sub,
+                   int8_t* xq, float* dx, int16_t* xs) {
+  for (int64_t r = 0; r < n; ++r)
+    for (int64_t b = 0; b < width / block; ++b)
+      quantize_block(x + r * width + b * block, block, sub, xq + r * width + b * block,
+                     dx + r * (width / block) + b, xs + r * (width / sub) + b * (block / sub));
+}
+
+}  // namespace
+
+// x [N, I] float32 or bfloat16, records uint8 [G, blocks, record] -> [N, out_features], in x's
+// dtype, or the float32 sums (before the bias) with float_output.
+torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& records, int64_t qtype,
+                     int64_t out_features, const c10::optional<torch::Tensor>& bias,
+                     bool float_output, int64_t tile, int64_t distance) {
+  const Format f = format_of(qtype);
+  tile = tile == 0 ? kTile : tile;
+  TORCH_CHECK(tile >= 1 && tile <= kRows, "tile: expected 1 to ", kRows, " rows, got ", tile);
+  TORCH_CHECK(x.dim() == 2, "x: expected 2-D [rows, in_features], got ", x.sizes());
+  TORCH_CHECK(records.dim() == 3 && records.scalar_type() == torch::kUInt8 &&
+              records.size(2) == f.record && records.is_contiguous(),
+              "records: expected contiguous uint8 [groups, blocks, ", f.record, "]");
+  const int64_t n = x.size(0), width = x.size(1), groups = records.size(0);
+  const int64_t blocks = records.size(1);
+  TORCH_CHECK(width == blocks * f.block, "x: expected ", blocks * f.block, " features, got ",
+              width);
+  TORCH_CHECK(out_features <= groups * kGroup, "out_features: at most ", groups * kGroup);
+  const torch::Tensor xf = x.to(torch::kFloat).contiguous();
+  auto bytes = x.options().dtype(torch::kInt8);
+  torch::Tensor xq = torch::empty({n, width}, bytes);
+  torch::Tensor dx = torch::empty({n, blocks}, x.options().dtype(torch::kFloat));
+  torch::Tensor xs = torch::empty({n, width / f.sub}, x.options().dtype(torch::kInt16));
+  quantize_rows(xf.data_ptr<float>(), n, width, f.block, f.sub, xq.data_ptr<int8_t>(),
+                dx.data_ptr<float>(), xs.data_ptr<int16_t>());
+  torch::Tensor y = torch::empty({n, groups * kGroup}, x.options().dtype(torch::kFloat));
+  const Rows all{xq.data_ptr<int8_t>(), width, dx.data_ptr<float>(), blocks,
+                 xs.data_ptr<int16_t>(), width / f.sub, y.data_ptr<float>(), groups * kGroup};
+  const auto* rec = records.data_ptr<uint8_t>();
+  at::parallel_for(0, groups, 1, [&](int64_t g0, int64_t g1) {
+    switch (qtype) {
+      case kQ4_0: run_groups<kQ4_0>(g0, g1, rec, f, blocks, all, n, tile, distance); break;
+      case kQ4_1: run_groups<kQ4_1>(g0, g1, rec, f, blocks, all, n, tile, distance); break;
+      case kQ8_0: run_groups<kQ8_0>(g0, g1, rec, f, blocks, all, n, tile, distance); break;
+      case kQ4_K: run_groups<kQ4_K>(g0, g1, rec, f, blocks, all, n, tile, distance); break;
+      default: run_groups<kQ6_K>(g0, g1, rec, f, blocks, all, n, tile, distance); break;
+    }
+  });
+  if (out_features != groups * kGroup) y = y.narrow(1, 0, out_features);
+  if (float_output) return y.contiguous();
+  if (bias.has_value() && bias->defined()) y = y + bias->to(torch::kFloat);
+  return y.scalar_type() == x.scalar_type() ? y.contiguous() : y.to(x.scalar_type());
+}
+
+// The activations as the kernel quantizes them (for tests): x float32 [N, I] ->
+// (xq int8 [N, I], dx float32 [N, I / block], xs int16 [N, I / sub])
+std::vector<torch::Tensor> quantize(const torch::Tensor& x, int64_t block, int64_t sub) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat && x.size(1) % block == 0 &&
+              block % sub == 0, "x: expected float32 [N, I] with I a multiple of ", block);
+  const torch::Tensor xf = x.contiguous();
+  const int64_t n = x.size(0), width = x.size(1);
+  torch::Tensor xq = torch::empty({n, width}, x.options().dtype(torch::kInt8));
+  torch::Tensor dx = torch::empty({n, width / block}, x.options());
+  torch::Tensor xs = torch::empty({n, width / sub}, x.options().dtype(torch::kInt16));
+  quantize_rows(xf.data_ptr<float>(), n, width, block, sub, xq.data_ptr<int8_t>(),
+                dx.data_ptr<float>(), xs.data_ptr<int16_t>());
+  return {xq, dx, xs};
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.attr("isa") = kIsa;
+  m.attr("rows") = kRows;
+  m.attr("tile") = kTile;
+  m.def("linear", &linear, "x @ W.T + b from GGUF blocks repacked by quant_formats.pack",
+        py::arg("x"), py::arg("records"), py::arg("qtype"), py::arg("out_features"),
+        py::arg("bias") = py::none(), py::arg("float_output") = false, py::arg("tile") = 0,
+        py::arg("distance") = kAhead);
+  m.def("quantize", &quantize, "the activations as linear quantizes them",
+        py::arg("x"), py::arg("block"), py::arg("sub"));
+}

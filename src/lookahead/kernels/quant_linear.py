@@ -1,0 +1,210 @@
+"""Linear layers that keep a GGUF file's quantized weights (Q4_0, Q4_1, Q8_0, Q4_K, Q6_K)
+and multiply them by integer dot products in a small compiled kernel
+(``csrc/quant_linear.cpp``).
+
+Decoding is bound by reading the weights: Qwen2.5-Coder-1.5B Q4_K_M is 1.04 GiB, a third of
+its bfloat16 size. The kernel reads each weight once per pass and multiplies it into up to
+``rows`` token rows, so checking a few guessed tokens costs little more than decoding one
+(``docs/quantized-kernel.md`` has the figures).
+
+Activations are quantized per row to int8, one scale per GGUF block (256 inputs for the
+K-types, 32 for the others), as llama.cpp does; the weights are GGUF's exact values. Each
+row's result does not depend on the rows beside it, and ``reference`` (PyTorch, no compiled
+code) gives the kernel's bits.
+
+The kernel is compiled on first use with PyTorch's C++ extension builder (a C++ compiler and
+``ninja``; the build is cached in PyTorch's extensions folder), in an AVX512-VNNI build where
+the CPU has it and an AVX2 build otherwise. Where neither can run, :func:`quant_kernel_problem`
+says why and :class:`QuantLinear` computes the same values in PyTorch, slowly.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import platform
+from pathlib import Path
+from types import ModuleType
+
+import torch
+
+from lookahead.kernels.build import compile_kernel
+
+from lookahead.kernels import quant_formats
+from lookahead.kernels.quant_formats import FORMATS
+
+logger = logging.getLogger(__name__)
+
+SOURCE = Path(__file__).parent / "csrc" / "quant_linear.cpp"
+ISA_FLAGS = {
+    "avx512vnni": ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni", "-mf16c"],
+    "avx2": ["-mavx2", "-mf16c"],
+}
+
+
+def supported_qtypes() -> frozenset[int]:
+    """The ``gguf.GGMLQuantizationType`` values QuantLinear takes."""
+    return frozenset(FORMATS)
+
+
+def _cpu_features() -> dict[str, bool]:
+    """The CPU's instruction sets as numpy detects them (empty when it cannot say)."""
+    try:
+        from numpy._core._multiarray_umath import __cpu_features__  # numpy 2
+    except ImportError:
+        try:
+            from numpy.core._multiarray_umath import __cpu_features__  # numpy 1
+        except ImportError:
+            return {}
+    return dict(__cpu_features__)
+
+
+def best_isa() -> str:
+    """'avx512vnni' or 'avx2': the kernel build this CPU runs best.
+
+    Raises:
+        RuntimeError: when the CPU has neither (not x86-64, or older than AVX2).
+    """
+    machine = platform.machine().lower()
+    if machine not in ("x86_64", "amd64"):
+        raise RuntimeError(f"the quantized kernel needs an x86-64 CPU; this is {machine}")
+    features = _cpu_features()
+    if all(features.get(f) for f in ("AVX512F", "AVX512BW", "AVX512VL", "AVX512VNNI", "F16C")):
+        return "avx512vnni"
+    if features.get("AVX2") and features.get("F16C"):
+        return "avx2"
+    raise RuntimeError("the quantized kernel needs AVX2 and F16C; numpy finds "
+                       f"{sorted(f for f, on in features.items() if on) or 'neither'}")
+
+
+# Cached: the build is per process anyway (a loaded extension stays imported), and every
+# QuantLinear of a model asks for it.
+@functools.cache
+def load_quant_kernel(isa: str | None = None) -> ModuleType:
+    """Compile (first time) or load the kernel built for ``isa`` (None: :func:`best_isa`).
+
+    Raises:
+        RuntimeError: when this CPU cannot run it or the build fails (no compiler, say).
+        ValueError: for an ``isa`` not in ``ISA_FLAGS``.
+    """
+    isa = best_isa() if isa is None else isa
+    if isa not in ISA_FLAGS:
+        raise ValueError(f"isa: expected one of {sorted(ISA_FLAGS)}, got {isa!r}")
+    logger.info("loading the %s quantized kernel (compiled on first use, about a minute)", isa)
+    # -ffp-contract=off: no fused multiply-adds, so the float steps round as the reference's
+    return compile_kernel(f"lookahead_quant_linear_{isa}", [SOURCE],
+                          ["-O3", "-ffp-contract=off", *ISA_FLAGS[isa]])
+
+
+def quant_kernel_problem(isa: str | None = None) -> str | None:
+    """Why the compiled quantized kernel cannot run here, or None when it can."""
+    try:
+        load_quant_kernel(isa)
+    except (RuntimeError, OSError, ImportError) as error:
+        return f"the quantized kernel cannot run here ({error})"
+    return None
+
+
+class QuantLinear(torch.nn.Module):
+    """``y = x @ W.T + b`` for W kept as GGUF blocks.
+
+    Args:
+        raw: uint8 [out_features, row_bytes], the GGUF tensor's rows as stored in the file
+            (row_bytes = in_features / block_size * type_size).
+        qtype: a ``gguf.GGMLQuantizationType`` value in :func:`supported_qtypes`.
+        in_features: the inputs per row.
+        bias: float [out_features] or None.
+        kernel: None: the compiled kernel where it runs, else PyTorch (logged once per
+            layer); True: the compiled kernel or RuntimeError saying why not; False: PyTorch.
+        isa: the kernel build, 'avx512vnni' or 'avx2' (None: the best this CPU runs).
+        tile: rows multiplied per weight read, 1 to the build's ``rows`` (0: its default).
+    """
+
+    def __init__(self, raw: torch.Tensor, qtype: int, in_features: int,
+                 bias: torch.Tensor | None = None, *, kernel: bool | None = None,
+                 isa: str | None = None, tile: int = 0) -> None:
+        super().__init__()
+        qtype = int(qtype)
+        if qtype not in FORMATS:
+            names = ", ".join(f"{f.name} ({t})" for t, f in sorted(FORMATS.items()))
+            raise ValueError(f"qtype: expected one of {names}, got {qtype}")
+        fmt = FORMATS[qtype]
+        if not (isinstance(raw, torch.Tensor) and raw.dtype == torch.uint8 and raw.dim() == 2):
+            raise ValueError("raw: expected a uint8 tensor [out_features, row_bytes], got "
+                             f"{getattr(raw, 'dtype', type(raw))} {tuple(getattr(raw, 'shape', ()))}")
+        if in_features <= 0 or in_features % fmt.block:
+            raise ValueError(f"in_features: expected a positive multiple of {fmt.name}'s "
+                             f"block of {fmt.block}, got {in_features}")
+        row_bytes = in_features // fmt.block * fmt.type_size
+        if raw.shape[1] != row_bytes:
+            raise ValueError(f"raw: expected {row_bytes} bytes a row for {in_features} "
+                             f"{fmt.name} inputs, got {raw.shape[1]}")
+        if bias is not None and tuple(bias.shape) != (raw.shape[0],):
+            raise ValueError(f"bias: expected shape ({raw.shape[0]},), got {tuple(bias.shape)}")
+        self.qtype, self.in_features, self.out_features = qtype, in_features, raw.shape[0]
+        parts = quant_formats.parse(raw.contiguous().numpy(), qtype)
+        self.register_buffer("records", quant_formats.pack(parts, qtype), persistent=False)
+        self.bias = None if bias is None else torch.nn.Parameter(
+            bias.detach().float(), requires_grad=False)
+        chosen = self._choose_kernel(kernel, isa)
+        # the builtin function, not the module: copy.deepcopy keeps a builtin as it is
+        self._linear = None if chosen is None else chosen.linear
+        self.isa: str | None = None if chosen is None else chosen.isa
+        self.tile = tile
+
+    @staticmethod
+    def _choose_kernel(kernel: bool | None, isa: str | None) -> ModuleType | None:
+        if kernel is False:
+            return None
+        problem = quant_kernel_problem(isa)
+        if problem is None:
+            return load_quant_kernel(isa)
+        if kernel:
+            raise RuntimeError(problem)
+        logger.warning("%s; QuantLinear computes in PyTorch instead (same values, slower)",
+                       problem)
+        return None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x: [..., in_features] float32 or bfloat16 -> [..., out_features], x's dtype."""
+        if x.shape[-1] != self.in_features:
+            raise ValueError(f"x: expected [..., {self.in_features}], got {tuple(x.shape)}")
+        rows = x.reshape(-1, self.in_features)
+        if self._linear is not None:
+            y = self._linear(rows, self.records, self.qtype, self.out_features, self.bias,
+                             False, self.tile)
+        else:
+            y = self.reference(rows)
+            if self.bias is not None:
+                y = y + self.bias
+            y = y.to(x.dtype)
+        return y.reshape(*x.shape[:-1], self.out_features)
+
+    def kernel_sums(self, rows: torch.Tensor) -> torch.Tensor:
+        """The compiled kernel's float32 sums (before the bias): rows [N, in_features] ->
+        [N, out_features], the bits of :meth:`reference`.
+
+        Raises:
+            RuntimeError: when this layer has no compiled kernel.
+        """
+        if self._linear is None:
+            raise RuntimeError("kernel_sums: this QuantLinear computes in PyTorch (no kernel)")
+        return self._linear(rows, self.records, self.qtype, self.out_features, None, True,
+                            self.tile)
+
+    def reference(self, rows: torch.Tensor) -> torch.Tensor:
+        """The kernel's float32 sums (before the bias), in PyTorch: rows [N, in_features]
+        -> [N, out_features]."""
+        parts = quant_formats.unpack(self.records, self.qtype, self.out_features)
+        return quant_formats.reference_linear(parts, self.qtype, rows.float())
+
+    def dequantized(self) -> torch.Tensor:
+        """The weight's exact values as float64 [out_features, in_features], from the
+        packed records."""
+        return quant_formats.dequantize(
+            quant_formats.unpack(self.records, self.qtype, self.out_features), self.qtype)
+
+    def extra_repr(self) -> str:
+        how = f"{self.isa} kernel" if self.isa is not None else "PyTorch"
+        return (f"in_features={self.in_features}, out_features={self.out_features}, "
+                f"qtype={FORMATS[self.qtype].name}, bias={self.bias is not None}, {how}")

@@ -27,6 +27,7 @@ from lookahead.gguf_quantized import (
     DequantisingLinear,
     QuantEmbedding,
     load_gguf_quantized,
+    load_quantized_model,
     read_gguf,
 )
 
@@ -275,3 +276,54 @@ def test_embedding_looks_up_dequantised_rows() -> None:
     assert torch.equal(embedding(ids), table[ids])
     with pytest.raises(ValueError, match="raw"):
         QuantEmbedding(torch.zeros(4, 8), Q.Q8_0, 64, torch.float32)
+
+
+def test_load_quantized_model_takes_a_path_and_caches_its_metadata(gguf_files, tmp_path):
+    path = gguf_files["qwen2-q8_0-q4_1"]
+    model, _ = load_quantized_model(path, DequantisingLinear, cache_dir=tmp_path)
+    assert model.name_or_path == str(path)
+    assert len(list((tmp_path / "models").glob("qwen2-q8_0-q4_1-*/gguf-meta/config.json"))) == 1
+    with pytest.raises(ValueError, match="name_or_path"):
+        load_quantized_model(tmp_path / "model.bin", DequantisingLinear, cache_dir=tmp_path)
+
+
+# ----------------------------------------------------------------------------- the real model
+
+
+def _factories():
+    """The reference, and the quantized kernel where it is installed."""
+    found = [pytest.param(DequantisingLinear, None, id="dequantising")]
+    try:
+        from lookahead.kernels.quant_linear import QuantLinear, supported_qtypes
+    except ImportError:
+        return found
+    return [*found, pytest.param(QuantLinear, supported_qtypes(), id="quant_linear")]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("factory", "supported"), _factories())
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_smollm2_logits_match_the_dequantised_model(factory, supported, dtype, tmp_path):
+    from lookahead.models import (
+        ModelNotAvailableError,
+        chat_prompt,
+        find_gguf,
+        get_model_spec,
+    )
+
+    try:
+        path = find_gguf(get_model_spec("smollm2-135m"))
+    except ModelNotAvailableError as error:
+        pytest.skip(str(error))
+    model, tokenizer = load_quantized_model("smollm2-135m", factory, dtype, cache_dir=tmp_path,
+                                            supported_qtypes=supported)
+    reference = _dequantised_reference(path, torch.float32)
+    ids = chat_prompt(tokenizer, "Write a Python function that returns the n-th prime.")
+    with torch.inference_mode():
+        ours, theirs = model(ids).logits.float(), reference(ids).logits
+    agree = (ours.argmax(-1) == theirs.argmax(-1)).float().mean().item()
+    error = (ours - theirs).abs().max().item() / theirs.abs().max().item()
+    if factory is DequantisingLinear and dtype == torch.float32:  # the same sums, in order
+        assert agree == 1.0 and error < 1e-4
+    assert agree >= 0.9, f"top-1 agrees on {agree:.0%} of {ids.shape[1]} positions"
+    assert error < 0.1

@@ -31,7 +31,7 @@ _SCALAR_FORMAT = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?"
                   11: "q", 12: "d"}
 _STRING, _ARRAY = 8, 9
 # Rows of a matrix de-quantised at a time (by DequantisingLinear): bounds its float copy.
-_CHUNK_ELEMENTS = 1 << 22
+_CHUNK_ELEMENTS = 1 << 20
 
 
 # ----------------------------------------------------------------------------- the tensor table

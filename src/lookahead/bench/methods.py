@@ -8,6 +8,9 @@ Hugging Face methods (the baselines)::
 
 Ours (``lookahead.generate``): ``autoregressive``, ``lookahead``, ``prompt_lookup``, ``draft``.
 
+Other engines on the same GGUF file: ``llamacpp`` (llama.cpp greedy, ``bench/llamacpp.py``);
+its ``model`` is the engine, run only when named.
+
 Every method returns a ``Measurement``: the new tokens, wall time, time to first token and the
 number of target forward passes. For HF methods the steps and the first token's time come from
 a streamer: ``generate`` hands it the prompt once, then the tokens of each forward pass.
@@ -34,6 +37,8 @@ from lookahead.sources.memory import MEMORY_METHODS, TextMemory
 HF_METHODS = ("hf", "hf_prompt_lookup", "hf_assisted")
 OUR_METHODS = ("autoregressive", "lookahead", "prompt_lookup", "draft")
 METHODS = HF_METHODS + OUR_METHODS
+EXTERNAL_METHODS = ("llamacpp",)  # run only when named
+ALL_METHODS = METHODS + EXTERNAL_METHODS
 NEEDS_DRAFT = ("hf_assisted", "draft")
 # Greedy methods whose output should be token-for-token the baseline's.
 BASELINE = "hf"
@@ -71,6 +76,7 @@ class MethodOptions:
     max_step_tokens: the most tokens a step of ours feeds the model; None: no cap.
     lookahead_step_tokens: the same for lookahead alone where ``max_step_tokens`` is None
         (the cap a tuned profile chose with its shape).
+    llamacpp_bin: the llama.cpp binary (or its folder) of ``llamacpp``; None: the bindings.
     """
 
     lookahead: LookaheadConfig = field(default_factory=LookaheadConfig)
@@ -81,6 +87,7 @@ class MethodOptions:
     datastore: str | None = None
     max_step_tokens: int | None = None
     lookahead_step_tokens: int | None = None
+    llamacpp_bin: str | None = None
 
     @property
     def lookahead_cap(self) -> int | None:
@@ -119,6 +126,8 @@ def measure(
 ) -> Measurement:
     """Generate ``input_ids`` ([1, L]) greedily with ``method`` and time it (``memory``: the
     method's ``TextMemory``, and ``datastore``, for the methods that take them)."""
+    if method in EXTERNAL_METHODS:  # ``model`` is that engine (bench/llamacpp.py)
+        return model.measure(input_ids, max_new_tokens)
     if method in HF_METHODS:
         return _measure_hf(
             method, model, input_ids, max_new_tokens, options, draft_model, pad_token_id

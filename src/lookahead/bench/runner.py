@@ -28,7 +28,9 @@ import transformers
 
 from lookahead.kernels import packing
 from lookahead.api import check_draft_model
+from lookahead.bench import llamacpp
 from lookahead.bench.methods import (
+    ALL_METHODS,
     BASELINE,
     HF_METHODS,
     METHODS,
@@ -95,9 +97,9 @@ class BenchConfig:
         object.__setattr__(
             self, "baseline_dtypes", tuple(dict.fromkeys(map(dtype_name, self.baseline_dtypes)))
         )
-        unknown = [m for m in self.methods or () if m not in METHODS]
+        unknown = [m for m in self.methods or () if m not in ALL_METHODS]
         if unknown:
-            raise ValueError(f"unknown method(s) {unknown}; choose from {', '.join(METHODS)}")
+            raise ValueError(f"unknown method(s) {unknown}; choose from {', '.join(ALL_METHODS)}")
         needing = [m for m in self.methods or () if m in NEEDS_DRAFT]
         if needing and self.draft_model is None:
             raise ValueError(f"method(s) {needing} need a draft model: pass --draft-model NAME")
@@ -122,7 +124,7 @@ class BenchConfig:
         chosen = set(self.methods or METHODS) | {BASELINE}
         if self.draft_model is None:
             chosen -= set(NEEDS_DRAFT)
-        return tuple(m for m in METHODS if m in chosen)
+        return tuple(m for m in ALL_METHODS if m in chosen)
 
     @property
     def extra_baseline_dtypes(self) -> tuple[str, ...]:
@@ -144,6 +146,7 @@ class _Loaded:
     draft: torch.nn.Module | None
     pad_token_id: int | None
     datastore: Datastore | None = None
+    engines: dict[str, object] = field(default_factory=dict)  # method -> another engine
 
 
 def run_benchmark(config: BenchConfig, progress: Progress | None = None) -> dict:
@@ -185,7 +188,7 @@ def run_benchmark(config: BenchConfig, progress: Progress | None = None) -> dict
 def _run(config, loaded: _Loaded, method, dtype, input_ids, max_new_tokens, memory=None):
     return measure(
         method,
-        loaded.models[dtype],
+        loaded.engines.get(method) or loaded.models[dtype],
         input_ids,
         max_new_tokens,
         config.options,
@@ -236,7 +239,13 @@ def _load(config: BenchConfig) -> _Loaded:
     if config.options.datastore is not None:
         datastore = load_datastore(config.options.datastore, tokenizer,
                                    cache_dir=config.cache_dir)
-    return _Loaded(models, tokenizer, draft, pad, datastore)
+    engines = {}
+    if llamacpp.LLAMACPP in config.run_methods:
+        eos = models[config.setting].generation_config.eos_token_id
+        engines[llamacpp.LLAMACPP] = llamacpp.make_engine(
+            llamacpp.gguf_of(config.model, config.cache_dir), tokenizer,
+            [eos] if isinstance(eos, int) else list(eos or ()), config.options.llamacpp_bin)
+    return _Loaded(models, tokenizer, draft, pad, datastore, engines)
 
 
 def _describe(config: BenchConfig) -> dict:

@@ -14,6 +14,7 @@ from dataclasses import asdict
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from lookahead.bench import llamacpp
 from lookahead.cli.bench_args import (
     add_model_arguments,
     add_shape_arguments,
@@ -24,7 +25,7 @@ from lookahead.cli.bench_args import (
     quiet_loading,
     shape_from_args,
 )
-from lookahead.bench.methods import METHODS, MethodOptions
+from lookahead.bench.methods import ALL_METHODS, MethodOptions
 from lookahead.bench.report import markdown_table, write_results
 from lookahead.bench.runner import BenchConfig, run_benchmark
 from lookahead.profiles import shape_label, split_cap
@@ -63,9 +64,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-new-tokens", type=positive_int, default=256, help="(default 256)")
     parser.add_argument(
         "--methods",
-        type=comma_list(METHODS),
-        help=f"comma-separated subset of {','.join(METHODS)} (default: all that apply; "
-        "hf, the baseline, always runs)",
+        type=comma_list(ALL_METHODS),
+        help=f"comma-separated subset of {','.join(ALL_METHODS)} (default: all that apply "
+        "but llamacpp; hf, the baseline, always runs)",
     )
     parser.add_argument(
         "--baseline-dtypes",
@@ -91,6 +92,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     add_datastore_arg(parser, "our lookahead and prompt lookup also copy")
     add_max_step_tokens(parser)
+    llamacpp.add_arguments(parser)
     parser.add_argument("--out", default="bench-out", help="output folder (default bench-out)")
     parser.add_argument("--no-warmup", action="store_true", help="skip the warm-up runs")
     parser.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
@@ -115,6 +117,7 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
         datastore=args.datastore,
         max_step_tokens=args.max_step_tokens,
         lookahead_step_tokens=tuned_cap,
+        llamacpp_bin=args.llamacpp_bin,
     )
     return BenchConfig(
         model=args.model,
@@ -144,6 +147,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"lookahead bench: error: {error}", file=sys.stderr)
         return 2
     print(markdown_table(results))
+    if llamacpp.LLAMACPP in results["config"]["methods"]:
+        print(llamacpp.comparison_table(results))
     paths = write_results(results, args.out, plots=not args.no_plots)
     print("\nwrote " + ", ".join(str(p) for p in paths), file=sys.stderr)
     return 0

@@ -231,7 +231,8 @@ def make_engine(gguf: Path, tokenizer, eos_token_ids: list[int], binary: str | N
 def gguf_of(model: str, cache_dir: str | None) -> Path:
     """The GGUF file of a bundled model name or a ``.gguf`` path; ``ValueError`` for a model
     that has none (llama.cpp runs GGUF files only)."""
-    from lookahead.models import BUNDLED_MODELS, find_gguf
+    from lookahead.models.gguf import find_gguf
+    from lookahead.models.registry import BUNDLED_MODELS
 
     for spec in BUNDLED_MODELS:
         if spec.name == model:

@@ -18,11 +18,11 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
 from transformers.convert_slow_tokenizer import bytes_to_unicode
 
 from lookahead.bench import llamacpp
-from lookahead.bench.cli import config_from_args
+from lookahead.cli.bench import config_from_args
 from lookahead.bench.runner import BenchConfig
-from lookahead.cli import build_parser
+from lookahead.cli.main import build_parser
 
-FIXTURES = Path(__file__).parent / "fixtures"
+FIXTURES = Path(__file__).parent.parent / "fixtures"
 BYTES = {char: byte for byte, char in bytes_to_unicode().items()}  # byte-level BPE spelling
 Q = GGMLQuantizationType
 

@@ -118,11 +118,15 @@ class QuantLinear(torch.nn.Module):
             layer); True: the compiled kernel or RuntimeError saying why not; False: PyTorch.
         isa: the kernel build, 'avx512vnni' or 'avx2' (None: the best this CPU runs).
         tile: rows multiplied per weight read, 1 to the build's ``rows`` (0: its default).
+        records: the packed records of this same ``raw`` from an earlier ``QuantLinear``
+            (``.records``): skips the repacking, which takes about half a minute for a 1.5B
+            model (:mod:`lookahead.models.quantized` caches them).
     """
 
     def __init__(self, raw: torch.Tensor, qtype: int, in_features: int,
                  bias: torch.Tensor | None = None, *, kernel: bool | None = None,
-                 isa: str | None = None, tile: int = 0) -> None:
+                 isa: str | None = None, tile: int = 0,
+                 records: torch.Tensor | None = None) -> None:
         super().__init__()
         qtype = int(qtype)
         if qtype not in FORMATS:
@@ -142,8 +146,13 @@ class QuantLinear(torch.nn.Module):
         if bias is not None and tuple(bias.shape) != (raw.shape[0],):
             raise ValueError(f"bias: expected shape ({raw.shape[0]},), got {tuple(bias.shape)}")
         self.qtype, self.in_features, self.out_features = qtype, in_features, raw.shape[0]
-        parts = quant_formats.parse(raw.contiguous().numpy(), qtype)
-        self.register_buffer("records", quant_formats.pack(parts, qtype), persistent=False)
+        if records is None:
+            records = quant_formats.pack(quant_formats.parse(raw.contiguous().numpy(), qtype),
+                                         qtype)
+        elif records.dtype != torch.uint8:  # packed before, by this class (a load's cache)
+            raise ValueError(f"records: expected uint8 records packed by QuantLinear, got "
+                             f"{records.dtype}")
+        self.register_buffer("records", records, persistent=False)
         self.bias = None if bias is None else torch.nn.Parameter(
             bias.detach().float(), requires_grad=False)
         chosen = self._choose_kernel(kernel, isa)

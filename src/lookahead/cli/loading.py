@@ -51,10 +51,12 @@ def load(args: argparse.Namespace) -> Loaded:
         transformers_logging.disable_progress_bar()
     packed = getattr(args, "packed_weights", False)
     device = device_arg(args)
-    model, tokenizer = load_named("--model", args.model, args.dtype, packed, device)
+    dequantize = getattr(args, "dequantize", False)
+    model, tokenizer = load_named("--model", args.model, args.dtype, packed, device, dequantize)
     draft = None
     if has_method and args.method == "draft":
-        draft, _ = load_named("--draft-model", args.draft_model, args.dtype, packed, device)
+        draft, _ = load_named("--draft-model", args.draft_model, args.dtype, packed, device,
+                              dequantize)
         try:
             check_draft_model(model, draft)
         except ValueError as error:
@@ -78,15 +80,17 @@ def device_arg(args: argparse.Namespace) -> Any:
 
 
 def load_named(option: str, name: str, dtype: str, packed: bool | str | None = False,
-               device: Any = None) -> tuple[Any, Any]:
+               device: Any = None, dequantize: bool = False) -> tuple[Any, Any]:
     """``lookahead.load_model(name, dtype, device=device)``; an unknown name or path is a
     ``UsageError``.
 
     ``packed``: pack the weights (``--packed-weights``), not (False), or where the model
-    allows it (None, the CLI's default).
+    allows it (None, the CLI's default). A GGUF model stays quantized unless ``dequantize``
+    (``--dequantize``) or ``packed`` (packing is for de-quantised weights) says otherwise.
     """
+    quantized = False if dequantize or packed else None
     try:
-        model, tokenizer = load_model(name, dtype=dtype, device=device)
+        model, tokenizer = load_model(name, dtype=dtype, device=device, quantized=quantized)
     except ModelNotAvailableError:
         raise
     except (ValueError, FileNotFoundError) as error:

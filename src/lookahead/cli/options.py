@@ -108,6 +108,12 @@ def add_model_args(parser: argparse.ArgumentParser, *, default: str | None = DEF
         "--dtype", type=dtype_name, default=AUTO_DTYPE, help=DTYPE_HELP
     )
     group.add_argument(
+        "--dequantize", action="store_true",
+        help="a GGUF model (the bundled ones, a .gguf file) is de-quantised into --dtype "
+        "instead of keeping its linear layers quantized on the integer kernel (an explicit "
+        "--dtype, --packed-weights or --stream-kernel does the same)",
+    )
+    group.add_argument(
         "--device", default=None, metavar="DEVICE",
         help="where the model runs: cpu, cuda, cuda:1, mps (default: cpu)",
     )

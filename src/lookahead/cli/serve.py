@@ -149,7 +149,8 @@ def run_serve(args: argparse.Namespace) -> int:
         options = resolve_auto_shape(model, options)  # once, not per request
     draft = options.pop("draft_model", None)
     if draft is None and draft_name:
-        draft, _ = load_named("--draft-model", draft_name, args.dtype, args.packed_weights)
+        draft, _ = load_named("--draft-model", draft_name, args.dtype, args.packed_weights,
+                              dequantize=args.dequantize)
         try:
             check_draft_model(model, draft)
         except ValueError as error:

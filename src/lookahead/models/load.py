@@ -84,6 +84,7 @@ def load_model(
     grouped_attention: bool = True,
     packed_weights: bool | str = False,
     device: str | torch.device | None = None,
+    quantized: bool | None = None,
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """Load a causal LM in eval mode and its tokenizer.
 
@@ -104,6 +105,11 @@ def load_model(
             sums that differ in the last bits. ``"stream"``: bfloat16 linears on the stream
             kernel (:mod:`lookahead.kernels.stream_linear`), summed in float32: faster for passes of
             a few tokens on an AVX-512 CPU without AMX, and the sums differ in the last bits.
+        quantized: a GGUF model (a bundled name or a ``.gguf`` path) with its linear layers
+            kept as GGUF blocks on the integer kernel (:mod:`lookahead.models.quantized`).
+            None (default): on the CPU with ``dtype="auto"`` and no ``packed_weights``, and
+            then the compute dtype is float32; False: de-quantised into ``dtype`` (what
+            ``--dequantize`` asks for); True: quantized, ``dtype`` the compute dtype.
         device: where the model runs ("cpu", "cuda", "cuda:1", "mps"; default: the CPU); it
             is moved there once loaded. Packed weights are for the CPU only.
 
@@ -114,8 +120,14 @@ def load_model(
             says what to run), or a hub id that cannot be downloaded.
         FileNotFoundError: a path that does not exist or holds no model.
     """
-    check_packable_dtype(packed_weights, resolve_dtype(dtype))
     target = resolve_device(device)
+    if _wants_quantized(name_or_path, dtype, packed_weights, target, quantized):
+        compute = torch.float32 if dtype == AUTO_DTYPE else resolve_dtype(dtype)
+        model, tokenizer = _load_quantized(name_or_path, compute, cache_dir)
+        if grouped_attention:
+            use_grouped_attention(model)
+        return model, tokenizer
+    check_packable_dtype(packed_weights, resolve_dtype(dtype))
     if packed_weights and target is not None and target.type != "cpu":
         raise ValueError(f"packed_weights={packed_weights!r} is for the CPU, not device={device!r}")
     model, tokenizer = _load(name_or_path, resolve_dtype(dtype), cache_dir)
@@ -126,6 +138,40 @@ def load_model(
     if packed_weights:
         pack_weights(model, kernel_for(packed_weights))
     return model, tokenizer
+
+
+def is_gguf_source(name_or_path: str | os.PathLike[str]) -> bool:
+    """Whether ``name_or_path`` is a bundled (GGUF) model or a ``.gguf`` file."""
+    name = os.fspath(name_or_path)
+    return is_bundled(name) or (name.endswith(".gguf") and Path(name).expanduser().is_file())
+
+
+def _wants_quantized(name_or_path, dtype, packed_weights, target, quantized: bool | None
+                     ) -> bool:
+    """Whether ``load_model`` takes the quantized path (see its ``quantized`` argument)."""
+    if quantized is False:
+        return False
+    problems = []
+    if not is_gguf_source(name_or_path):
+        problems.append("the model is not a GGUF file or a bundled model")
+    if target is not None and target.type != "cpu":
+        problems.append(f"the quantized kernel runs on the CPU, not {target}")
+    if packed_weights:
+        problems.append(f"packed_weights={packed_weights!r} is for de-quantised weights")
+    if quantized is None:
+        return not problems and dtype == AUTO_DTYPE
+    if problems:
+        raise ValueError("quantized=True: " + "; ".join(problems))
+    return True
+
+
+def _load_quantized(name_or_path, dtype: torch.dtype, cache_dir):
+    from lookahead.models.quantized import load_quantized  # imports the kernel's module
+
+    root = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
+    name = os.fspath(name_or_path)
+    key = name if is_bundled(name) else gguf_cache_key(Path(name).expanduser())
+    return load_quantized(name, dtype, root, key)
 
 
 def _load(

@@ -1,0 +1,90 @@
+"""The quantized path as users reach it: ``load_model`` of a GGUF keeps the linears as GGUF
+blocks on the integer kernel, and every method's greedy text equals the same quantized
+model's own ``model.generate``; the packed records are cached and read back."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+from gguf import GGMLQuantizationType as Q
+from tiny_gguf import write_tiny_gguf
+
+import lookahead
+from lookahead.kernels.quant_linear import QuantLinear
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+CASES = {"llama-q4_1-q8_0": ("llama", (Q.Q4_1, Q.Q8_0), 64),
+         "qwen2-q4_k-q6_k": ("qwen2", (Q.Q4_K, Q.Q6_K), 256),
+         "llama-q4_0-q4_k": ("llama", (Q.Q4_0, Q.Q4_K), 256)}
+PROMPT = torch.tensor([[256, 3, 70, 71, 72, 3, 70, 71, 72, 3, 70, 71, 9, 100, 101, 102]])
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("quantized")
+    return {case: write_tiny_gguf(folder / f"{case}.gguf", arch, qtypes, hidden=hidden)
+            for case, (arch, qtypes, hidden) in CASES.items()}
+
+
+def _load(path, cache):
+    model, tokenizer = lookahead.load_model(path, cache_dir=cache)
+    model.generation_config.eos_token_id = None
+    return model, tokenizer
+
+
+@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("method", ["autoregressive", "lookahead", "prompt_lookup", "draft"])
+def test_every_method_writes_what_the_quantized_model_writes(files, tmp_path, case, method):
+    model, _ = _load(files[case], tmp_path)
+    linears = [m for m in model.modules() if isinstance(m, QuantLinear)]
+    assert len(linears) == 2 * 7 + 1 and model.dtype == torch.float32
+    options = {"draft_model": model} if method == "draft" else {}
+    expected = model.generate(PROMPT, max_new_tokens=24, do_sample=False, min_new_tokens=24,
+                              attention_mask=torch.ones_like(PROMPT), pad_token_id=0)
+    # The model's own text fed back: it repeats, so proposals are accepted several at a time.
+    echo = torch.cat([expected, expected[:, PROMPT.shape[1]:]], dim=1)
+    for ids in (PROMPT, echo):
+        want = model.generate(ids, max_new_tokens=24, do_sample=False, min_new_tokens=24,
+                              attention_mask=torch.ones_like(ids), pad_token_id=0)
+        result = lookahead.generate(model, ids, max_new_tokens=24, method=method, **options)
+        assert result.sequences.tolist() == want.tolist()
+    if method == "draft":  # the model drafting for itself is always right: whole drafts kept
+        assert result.stats.tokens_per_step > 2.0
+
+
+def test_the_packed_records_are_cached_and_read_back(files, tmp_path, caplog):
+    path = files["qwen2-q4_k-q6_k"]
+    first, _ = _load(path, tmp_path)
+    cached = list(tmp_path.glob("models/*/quantized/records.safetensors"))
+    assert len(cached) == 1
+    with caplog.at_level(logging.WARNING, logger="lookahead"):
+        second, _ = _load(path, tmp_path)
+    assert not caplog.records
+    with torch.inference_mode():
+        assert torch.equal(first(PROMPT).logits, second(PROMPT).logits)
+    # A damaged cache is packed again, with a warning, and gives the same logits.
+    cached[0].write_bytes(cached[0].read_bytes()[:100])
+    with caplog.at_level(logging.WARNING, logger="lookahead"):
+        third, _ = _load(path, tmp_path)
+    assert any("packing again" in record.getMessage() for record in caplog.records)
+    with torch.inference_mode():
+        assert torch.equal(first(PROMPT).logits, third(PROMPT).logits)
+
+
+def test_an_explicit_dtype_or_dequantize_keeps_float_weights(files, tmp_path):
+    path = files["llama-q4_1-q8_0"]
+    for kwargs in ({"dtype": "float32"}, {"quantized": False}):
+        model, _ = lookahead.load_model(path, cache_dir=tmp_path, **kwargs)
+        assert not any(isinstance(m, QuantLinear) for m in model.modules())
+        assert any(type(m) is torch.nn.Linear for m in model.modules())
+
+
+def test_quantized_true_on_a_model_without_gguf_names_the_argument(tmp_path):
+    from tiny import save_tiny_chat_model
+
+    folder = save_tiny_chat_model(tmp_path / "tiny")
+    with pytest.raises(ValueError, match="quantized=True: the model is not a GGUF"):
+        lookahead.load_model(folder, quantized=True)

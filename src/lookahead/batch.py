@@ -95,8 +95,11 @@ def decode_batch(model, input_ids: torch.Tensor, pads: list[int], plan: RowPlan,
 
     Returns (sequences [B, W + T] on ``input_ids``' device, the rows' ``GenerationStats``).
     ``streamer`` (batch of one only) gets the prompt (unless ``put_prompt`` is False), then
-    each token, then ``end()``. ``batched``: rows in one forward pass per step (None: when
-    there are several and the model allows it), or one after another (False).
+    each token, then ``end()``. ``batched``: rows in one forward pass per step (True), or
+    one after another (False); None: together for several rows on an accelerator, apart on
+    the CPU, where a pass of B rows costs about B passes of one (SmolLM2-135M bf16, 4 prompts,
+    2 cores: no gain measured, ``benchmarks/batch_generate.py``) and a batched pass can round
+    a near-tie differently from the row's own pass.
     """
     batch = input_ids.shape[0]
     if streamer is not None and batch > 1:
@@ -109,7 +112,7 @@ def decode_batch(model, input_ids: torch.Tensor, pads: list[int], plan: RowPlan,
     decoders = [_row_decoder(model, input_ids, row, pads[row], plan, method, options, batch)
                 for row in range(batch)]
     if batched is None:
-        batched = batch > 1
+        batched = batch > 1 and model.device.type != "cpu"
     if batched and decoders[0].rope_switch is None:
         decode_together(model, decoders)
     else:

@@ -76,8 +76,10 @@ def generate(model, input_ids=None, max_new_tokens=_UNSET, method: str = "lookah
 
     ``sequences``: [B, W + T], rows that end early padded with ``pad_token_id``;
     ``new_tokens``: [B, T]; ``stats``: all rows together (``row_stats``: each row's).
-    ``batched``: the rows of a batch share each step's forward pass (None, the default, for
-    several rows) or run one after another (False); the tokens are the same.
+    ``batched``: the rows of a batch share each step's forward pass (True) or run one after
+    another (False); None: together on an accelerator, apart on the CPU. Apart, each row's
+    tokens are exactly those it gets alone; together, a batched pass may round a near-tie
+    differently in low precision, as ``model.generate``'s own batches do.
     """
     if isinstance(max_new_tokens, GenerationConfig) and generation_config is None:
         generation_config, max_new_tokens = max_new_tokens, _UNSET  # model.generate's order

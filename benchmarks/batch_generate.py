@@ -19,8 +19,8 @@ import time
 import torch
 
 import lookahead
-from lookahead.datasets import load_prompts
-from lookahead.packing import apply_packing
+from lookahead.bench.datasets import load_prompts
+from lookahead.kernels.packing import apply_packing
 
 PROMPT_SETS = ("humaneval", "mtbench")
 

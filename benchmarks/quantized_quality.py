@@ -70,7 +70,7 @@ def peak_rss_mb() -> float:
 
 
 def _rows(dataset: str) -> list[dict]:
-    from lookahead.datasets import BUNDLED_DATASETS, _dataset_file
+    from lookahead.bench.datasets import BUNDLED_DATASETS, _dataset_file
 
     path = _dataset_file(BUNDLED_DATASETS[dataset])
     opener = gzip.open if path.suffix == ".gz" else open

@@ -187,7 +187,7 @@ def decoding_attention(device: torch.device) -> contextlib.AbstractContextManage
     cuDNN attention builds a plan for every new shape, and a decoding step meets a new cache
     length every time: on an H200 with a 7B Llama in bfloat16, a pass at a cache length seen
     for the first time took 63 ms against 35 without it, and HF ``generate`` 101 ms a token
-    against 25 (``docs/results/gpu-h200-s33``). The flags go back on exit.
+    against 25 (``docs/results/2026-11-26-h200/gpu-step-cost``). The flags go back on exit.
     """
     if device.type != "cuda":
         return contextlib.nullcontext()

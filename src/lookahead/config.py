@@ -156,7 +156,7 @@ class DraftConfig:
     # 4, not 8: each drafted token costs a draft pass and a wider target pass, and the last
     # ones are accepted least. With Qwen2.5-Coder 0.5B drafting for 1.5B on a 2-core CPU, K=4
     # ran 1.13-1.15x as fast as K=8 on 8 HumanEval prompts, in both orders, and K=3 slower
-    # (`lookahead bench --methods hf,draft --draft-tokens K` for each K, docs/results/intel-s33).
+    # (`lookahead bench --methods hf,draft --draft-tokens K` for each K, Intel Xeon, 2026-11-25).
     num_draft_tokens: int = 4
     lookup_tokens: int = 8
     lookup_ngram: int = 3

@@ -31,7 +31,7 @@ DEFAULT_SHAPE: Mapping[str, int] = MappingProxyType(
 )
 # On a GPU the tokens of a step come nearly free: on an H200, with a 7B Llama in bf16, a pass
 # of 256 new tokens cost at most 1.06x a pass of one, and a whole W15 N5 G15 step 1.07x a
-# plain step (docs/results/gpu-h200-s33). Untuned, a CUDA model gets the paper's shape for 7B
+# plain step (docs/results/2026-11-26-h200/gpu-step-cost). Untuned, a CUDA model gets the paper's shape for 7B
 # models on an A100, its window at every step (token_cost 0), as the paper runs it.
 GPU_DEFAULT_SHAPE: Mapping[str, float] = MappingProxyType(
     dict(window=15, ngram=5, guess=15, token_cost=0.0)

@@ -44,7 +44,9 @@ from lookahead.bench.datasets import BUNDLED_DATASETS, encode_prompt, load_promp
 from lookahead.sources.datastore import Datastore, load_datastore
 from lookahead.sources.memory import MEMORY_METHODS, TextMemory
 from lookahead.models.load import load_model
-from lookahead.models.registry import AUTO_DTYPE, DEFAULT_MODEL, dtype_name, resolve_dtype
+from lookahead.models.load import is_gguf_source
+from lookahead.models.registry import (AUTO_DTYPE, DEFAULT_MODEL, QUANTIZED, dtype_name,
+                                       resolve_dtype)
 
 logger = logging.getLogger(__name__)
 
@@ -83,6 +85,8 @@ class BenchConfig:
     cache_dir: str | None = None
     packed_weights: bool | str | None = None
     device: str | None = None  # where the models run (None: the CPU)
+    # A GGUF model with dtype "auto" runs quantized (setting "quantized"); True de-quantises.
+    dequantize: bool = False
 
     def __post_init__(self) -> None:
         check_int("max_new_tokens", self.max_new_tokens, 1, 1 << 20)
@@ -93,7 +97,8 @@ class BenchConfig:
         labels = [_label(name) for name in self.datasets]
         if len(set(labels)) != len(labels):
             raise ValueError(f"datasets must have distinct names, got {list(self.datasets)}")
-        object.__setattr__(self, "dtype", dtype_name(self.dtype))
+        object.__setattr__(self, "dtype", QUANTIZED if self._quantized() else
+                           dtype_name(self.dtype))
         object.__setattr__(
             self, "baseline_dtypes", tuple(dict.fromkeys(map(dtype_name, self.baseline_dtypes)))
         )
@@ -103,11 +108,20 @@ class BenchConfig:
         needing = [m for m in self.methods or () if m in NEEDS_DRAFT]
         if needing and self.draft_model is None:
             raise ValueError(f"method(s) {needing} need a draft model: pass --draft-model NAME")
-        packing.check_packable_dtype(self.packed_weights, resolve_dtype(self.dtype))
+        if self.dtype != QUANTIZED:
+            packing.check_packable_dtype(self.packed_weights, resolve_dtype(self.dtype))
+
+    def _quantized(self) -> bool:
+        """Whether the methods run on the quantized path (see ``load_model``'s quantized)."""
+        return (self.dtype in (AUTO_DTYPE, QUANTIZED) and not self.dequantize
+                and not self.packed_weights and self.device in (None, "cpu")
+                and is_gguf_source(self.model))
 
     @property
     def packs(self) -> bool | str:
         """Whether the methods run on packed weights ("stream": on the stream kernel)."""
+        if self.dtype == QUANTIZED:
+            return False
         return packing.will_pack(resolve_dtype(self.dtype), self.packed_weights)
 
     @property
@@ -215,6 +229,12 @@ def _record(dataset, prompt_id, method, dtype, input_ids, result) -> dict:
     )
 
 
+def _dtype_args(dtype: str) -> dict:
+    """``load_model``'s dtype and quantized arguments for a setting's dtype label."""
+    return {"dtype": AUTO_DTYPE if dtype == QUANTIZED else dtype,
+            "quantized": dtype == QUANTIZED}
+
+
 def _load(config: BenchConfig) -> _Loaded:
     """Load the target in ``setting`` and each baseline dtype, and the draft in ``setting``."""
     models, tokenizer = {}, None
@@ -222,14 +242,15 @@ def _load(config: BenchConfig) -> _Loaded:
         started = time.perf_counter()
         dtype, packed = weights_of(setting)
         models[setting], tokenizer = load_model(
-            config.model, dtype, cache_dir=config.cache_dir, packed_weights=packed,
-            device=config.device,
+            config.model, **_dtype_args(dtype), cache_dir=config.cache_dir,
+            packed_weights=packed, device=config.device,
         )
         logger.info("loaded %s (%s) in %.1f s", config.model, setting,
                     time.perf_counter() - started)
     draft = None
     if config.draft_model is not None and set(config.run_methods) & set(NEEDS_DRAFT):
-        draft, _ = load_model(config.draft_model, config.dtype, cache_dir=config.cache_dir,
+        draft, _ = load_model(config.draft_model, **_dtype_args(config.dtype),
+                              cache_dir=config.cache_dir,
                               packed_weights=config.packs, device=config.device)
         check_draft_model(models[config.setting], draft)  # same vocabulary, before any timing
     pad = getattr(tokenizer, "pad_token_id", None)

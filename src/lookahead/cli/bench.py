@@ -72,7 +72,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--baseline-dtypes",
         type=dtype_list,
         default=("float32", "bfloat16"),
-        help="also time HF greedy in these dtypes (default float32,bfloat16)",
+        help="also time HF greedy in these dtypes, de-quantised (default float32,bfloat16; "
+        "none: only on the weights the methods run on)",
     )
     add_shape_arguments(parser)
     parser.add_argument(
@@ -132,6 +133,7 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
         warmup=not args.no_warmup,
         cache_dir=args.cache_dir,
         packed_weights=args.packed_weights,
+        dequantize=args.dequantize,
         device=args.device,
     )
 

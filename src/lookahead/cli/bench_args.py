@@ -42,7 +42,9 @@ def comma_list(choices: tuple[str, ...] | None = None):
 
 
 def dtype_list(text: str) -> tuple[str, ...]:
-    """An argparse ``type``: "fp32,bf16" -> ("float32", "bfloat16")."""
+    """An argparse ``type``: "fp32,bf16" -> ("float32", "bfloat16"); "none" -> ()."""
+    if text.strip().lower() == "none":
+        return ()
     names = tuple(dtype_name(item) for item in comma_list()(text))
     if len(set(names)) != len(names):
         raise argparse.ArgumentTypeError(f"{text!r} names a dtype twice")

@@ -101,12 +101,25 @@ def run(args: argparse.Namespace) -> int:
         seconds = time.perf_counter() - started  # timed as model.generate is: the whole call
     ours = result.new_tokens[0].tolist()
 
-    setting = (args.model, args.dtype, is_packed(model))
+    setting = (args.model, weights_of(model), is_packed(model))
     report(console, setting, (reference, hf_seconds), (result, seconds))
     console.print(
         Panel(tokenizer.decode(ours, skip_special_tokens=True), title="generated"), markup=False
     )
     return 0
+
+
+def weights_of(model) -> str:
+    """How the model's weights are held: "quantized Q4_1 (GGUF blocks, integer kernel),
+    float32" on the quantized path, else the dtype."""
+    from lookahead.kernels.quant_formats import FORMATS
+    from lookahead.kernels.quant_linear import QuantLinear
+
+    types = sorted({FORMATS[m.qtype].name for m in model.modules() if isinstance(m, QuantLinear)})
+    dtype = str(model.dtype).removeprefix("torch.")
+    if not types:
+        return dtype
+    return f"quantized {'/'.join(types)}: GGUF blocks on the integer kernel, {dtype} elsewhere"
 
 
 def report(console: Console, setting: tuple[str, str, bool], hf: tuple[list[int], float],

@@ -83,8 +83,11 @@ DTYPE_HELP = (
 
 def dtype_name(text: str) -> str:
     """An argparse ``type``: a dtype alias ("bf16") -> its canonical name ("bfloat16"); "auto"
-    -> this machine's choice (``lookahead.models.registry.preferred_dtype``)."""
+    stays "auto" (``load_model`` decides: a GGUF model quantized, else this machine's choice,
+    ``lookahead.models.registry.preferred_dtype``)."""
     try:
+        if text.strip().lower() == AUTO_DTYPE:
+            return AUTO_DTYPE
         return canonical_dtype_name(text)
     except ValueError as error:
         raise argparse.ArgumentTypeError(str(error)) from None

@@ -13,7 +13,7 @@ from importlib.util import find_spec
 from importlib.metadata import PackageNotFoundError, version
 
 try:
-    __version__ = version("lookahead")
+    __version__ = version("lookahead-exact")  # the distribution's name
 except PackageNotFoundError:  # imported from a source tree that was never installed
     __version__ = "0+unknown"
 

@@ -188,7 +188,10 @@ def test_bad_options_are_argparse_errors_naming_the_option(
 def test_every_command_loads_the_dtype_this_cpu_prefers_unless_told(monkeypatch, argv) -> None:
     monkeypatch.setattr(lookahead.models.registry, "preferred_dtype", lambda: torch.float64)
     parser = build_parser()
-    assert parser.parse_args(argv).dtype == "float64"  # "auto", resolved when parsed
+    # "auto" is kept for load_model: a GGUF model loads quantized, another in the CPU's dtype.
+    dtype = parser.parse_args(argv).dtype
+    assert dtype == "auto"
+    assert lookahead.models.registry.resolve_dtype(dtype) == torch.float64
     assert parser.parse_args([*argv, "--dtype", "bf16"]).dtype == "bfloat16"
 
 
@@ -436,6 +439,6 @@ def test_version_names_lookahead_torch_and_transformers(capsys) -> None:
         main(["--version"])
     assert exit_info.value.code == 0
     line = capsys.readouterr().out.strip()
-    assert line.startswith(f"lookahead {importlib.metadata.version('lookahead')} ")
+    assert line.startswith(f"lookahead {importlib.metadata.version('lookahead-exact')} ")
     assert f"torch {torch.__version__}" in line
     assert f"transformers {transformers.__version__}" in line

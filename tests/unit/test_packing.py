@@ -279,11 +279,14 @@ def test_apply_packing_packs_bfloat16_by_default_and_not_when_told_not_to(fresh_
 
 @needs_packing
 def test_bench_packs_bfloat16_and_labels_the_setting() -> None:
+    # The bundled model is a GGUF: it runs quantized unless de-quantised or packed.
+    assert BenchConfig().setting == "quantized"
     assert BenchConfig(packed_weights=True).setting == "bfloat16+packed"
-    assert BenchConfig(packed_weights=False).setting == "bfloat16"
+    assert BenchConfig(packed_weights=False, dequantize=True).setting == "bfloat16"
     assert BenchConfig(dtype="bfloat16").setting == "bfloat16+packed"
     assert BenchConfig(dtype="float32").setting == "float32"  # float32 only when asked
-    plan = BenchConfig(methods=("lookahead",), baseline_dtypes=("bfloat16",)).plan()
+    plan = BenchConfig(methods=("lookahead",), baseline_dtypes=("bfloat16",),
+                       dequantize=True).plan()
     assert plan == [("hf", "bfloat16+packed"), ("hf", "bfloat16"),
                     ("lookahead", "bfloat16+packed")]
 

@@ -131,23 +131,25 @@ def load_quantized_model(
     ``<cache_dir>/models/<name>/gguf-meta`` (``cache_dir``: default
     ``lookahead.models.default_cache_dir()``)."""
     from lookahead.models.gguf import find_gguf
-    from lookahead.models.registry import BUNDLED_MODELS, default_cache_dir
+    from lookahead.models.registry import (bundled_names, default_cache_dir, get_model_spec,
+                                           is_bundled)
 
     root = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
-    specs = {spec.name: spec for spec in BUNDLED_MODELS}
     name = os.fspath(name_or_path)
-    if name in specs:
-        path, key, eos = find_gguf(specs[name], cache_dir=root), name, specs[name].eos_token_ids
+    bundled = is_bundled(name)
+    if bundled:
+        spec = get_model_spec(name)
+        path, key, eos = find_gguf(spec, cache_dir=root), name, spec.eos_token_ids
     else:
         path, eos = Path(name).expanduser(), ()
         if path.suffix != ".gguf":
-            raise ValueError(f"name_or_path must be a bundled model ({', '.join(specs)}) or a "
-                             f".gguf file, got {name!r}")
+            raise ValueError(f"name_or_path must be a bundled model "
+                             f"({bundled_names()}) or a .gguf file, got {name!r}")
         key = _file_key(path)
     model, tokenizer = load_gguf_quantized(
         path, linear_factory, dtype, meta_cache=root / "models" / key / "gguf-meta",
         eos_token_ids=eos, supported_qtypes=supported_qtypes)
-    if name in specs:
+    if bundled:
         model.name_or_path = name  # as lookahead.models names it: tuned profiles key on it
     return model, tokenizer
 

@@ -69,7 +69,7 @@ def write_tiny_gguf(path: Path, arch: str = "llama", qtypes=(Q.Q8_0, Q.Q4_0), *,
     heads, kv_heads, ffn, layers = 4, 2, 2 * hidden, 2
     writer = GGUFWriter(str(path), arch)
     writer.add_block_count(layers)
-    writer.add_context_length(256)
+    writer.add_context_length(1024)
     writer.add_embedding_length(hidden)
     writer.add_feed_forward_length(ffn)
     writer.add_head_count(heads)

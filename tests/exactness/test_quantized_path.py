@@ -88,3 +88,45 @@ def test_quantized_true_on_a_model_without_gguf_names_the_argument(tmp_path):
     folder = save_tiny_chat_model(tmp_path / "tiny")
     with pytest.raises(ValueError, match="quantized=True: the model is not a GGUF"):
         lookahead.load_model(folder, quantized=True)
+
+
+def test_a_pass_of_k_tokens_gives_the_bits_of_k_passes_of_one(files, tmp_path):
+    """Row invariance of the whole quantized model (integer linears, row-invariant
+    attention): the logits of a 6-token pass equal, bit for bit, those of 6 passes of one
+    token over the same cache. Without it a method's greedy text may part from autoregressive
+    decoding's at a near-tie on a real model. The cache is 600 tokens long: there PyTorch's
+    SDPA splits the keys into blocks, and its 6-token pass differed from the one-token passes
+    by 3e-5 (torch 2.13, AMD EPYC, AVX-512)."""
+    from lookahead.cache import cache_keyword, new_cache
+
+    model, _ = _load(files["qwen2-q4_k-q6_k"], tmp_path)
+    assert model.config._attn_implementation == "lookahead_invariant"
+    tokens = torch.randint(0, 250, (1, 600), generator=torch.Generator().manual_seed(0))
+    prompt, step = tokens[:, :-6], tokens[:, -6:]
+    keyword = cache_keyword(model)
+    with torch.inference_mode():
+        cache = {keyword: new_cache()}
+        model(prompt, **cache)
+        together = model(step, **cache).logits[0]
+        cache = {keyword: new_cache()}
+        model(prompt, **cache)
+        alone = torch.cat([model(step[:, i:i + 1], **cache).logits[0]
+                           for i in range(step.shape[1])])
+    assert torch.equal(together, alone)
+
+
+@pytest.mark.parametrize("method", ["autoregressive", "lookahead"])
+def test_a_row_of_a_batch_writes_what_it_writes_alone(files, tmp_path, method):
+    """Three prompts of different lengths, left-padded, decoded together in one forward pass
+    per step over a batched cache: each row's tokens are those of its own call."""
+    model, _ = _load(files["llama-q4_1-q8_0"], tmp_path)
+    rows = [PROMPT[0].tolist(), PROMPT[0, 4:].tolist(), PROMPT[0, 9:].tolist()]
+    width = max(map(len, rows))
+    ids = torch.tensor([[0] * (width - len(r)) + r for r in rows])
+    mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows])
+    together = lookahead.generate(model, ids, attention_mask=mask, max_new_tokens=20,
+                                  method=method, batched=True, pad_token_id=0)
+    for row, prompt in enumerate(rows):
+        alone = lookahead.generate(model, torch.tensor([prompt]), max_new_tokens=20,
+                                   method=method)
+        assert together.sequences[row, width:].tolist() == alone.sequences[0, len(prompt):].tolist()

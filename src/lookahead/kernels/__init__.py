@@ -6,6 +6,7 @@
 ``quant_linear``       quantized GGUF weights multiplied by the compiled ``csrc/quant_linear.cpp``
 ``build``              compiling the C++ kernels on first use
 ``grouped_attention``  grouped-query attention without repeating the key/value heads
+``invariant_attention`` attention whose rows do not depend on the rest of the pass (float32)
 """
 
 # ``packed_weights="stream"``: bfloat16 linears on the stream kernel (``stream_linear``); here,

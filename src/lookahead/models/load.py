@@ -29,6 +29,7 @@ from transformers import (
 
 from lookahead.devices import resolve_device
 from lookahead.kernels.grouped_attention import use_grouped_attention
+from lookahead.kernels.invariant_attention import use_invariant_attention
 from lookahead.kernels.packing import check_packable_dtype, kernel_for, pack_weights
 from lookahead.models.gguf import (
     dequantise_to_cache,
@@ -98,7 +99,9 @@ def load_model(
             (default :func:`default_cache_dir`).
         grouped_attention: switch a model on transformers' SDPA attention to
             ``lookahead.kernels.grouped_attention.grouped_sdpa``, the same attention without copying
-            the cache in steps of several tokens (see that module); False keeps "sdpa".
+            the cache in steps of several tokens (see that module), or, for a quantized model in
+            float32, to the row-invariant ``lookahead.kernels.invariant_attention``; False keeps
+            "sdpa".
         packed_weights: swap the linear layers for faster ones on a CPU
             (:func:`lookahead.kernels.packing.pack_weights`): in bfloat16 weights laid out once for
             oneDNN, with the same sums; in float32 products taken weight first, with
@@ -124,7 +127,10 @@ def load_model(
     if _wants_quantized(name_or_path, dtype, packed_weights, target, quantized):
         compute = torch.float32 if dtype == AUTO_DTYPE else resolve_dtype(dtype)
         model, tokenizer = _load_quantized(name_or_path, compute, cache_dir)
-        if grouped_attention:
+        # Row-invariant attention where it runs (float32): with the quantized linears, every
+        # row's result is then its own, and so every method's greedy text is autoregressive
+        # decoding's, and a row of a batch writes what it writes alone.
+        if grouped_attention and not use_invariant_attention(model):
             use_grouped_attention(model)
         return model, tokenizer
     check_packable_dtype(packed_weights, resolve_dtype(dtype))

@@ -1,0 +1,215 @@
+// Attention whose every query row is computed the same way whatever else is in the pass: how
+// many rows there are, how long the cache is, where its gaps are, which rows are padding.
+//
+// Why our own: the guarantee "every method writes what autoregressive decoding writes" needs
+// a pass of k tokens to give, row by row, the bits of k passes of one token, and a request
+// among 8 in the server's batch to give the bits of the same request alone. The quantized
+// linears do (csrc/quant_linear.cpp), but PyTorch's scaled_dot_product_attention does not:
+// its CPU kernels block the keys and the queries by sizes that follow the shapes, so a row's
+// sums are rounded in an order that depends on the number of query rows and on the cache's
+// length; and the softmax of a row with masked keys (a batch row's gaps, another row's
+// padding) sums its zeros in other places. Float32 differences of 1e-7 then flip the int8
+// rounding of the next layer's activations and, after a few layers, a near-tie: on
+// SmolLM2-135M Q4_1, 4 prompts decoded in one batch gave the single calls' text for 1 of 4.
+// No PyTorch, oneDNN or transformers option fixes the reduction order.
+//
+// How: a key's score is its dot product with the query summed in one fixed order (16
+// dimensions a lane, then the lanes pairwise), so it depends on the query and the key alone. The softmax takes the maximum over the allowed keys (exact in any order), sums
+// exp(s - max) over the allowed keys in key order, and sums p * v over the allowed keys in
+// key order; masked keys and gaps are skipped, not added as zeros. exp is a fixed polynomial
+// (Cephes' expf). Lanes are GCC vector types (one AVX-512 register, or two AVX2 ones), and the
+// file is built with -ffp-contract=off: no fused multiply-adds, so a lane and a scalar
+// remainder round alike.
+// Four query rows share each read of a key; each row's arithmetic is the same whether
+// it runs in a block of four or alone.
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+namespace {
+
+constexpr int64_t kLanes = 16;      // floats a vector: dimensions of a dot product or output
+constexpr int64_t kRowsAtOnce = 4;  // query rows that share one read of a key
+
+typedef float Lanes __attribute__((vector_size(kLanes * sizeof(float))));
+
+inline Lanes load(const float* p) { Lanes v; std::memcpy(&v, p, sizeof(v)); return v; }
+inline void store(float* p, Lanes v) { std::memcpy(p, &v, sizeof(v)); }
+
+struct Shapes {
+  int64_t batch, heads, kv_heads, rows, keys, dim, padded;
+};
+
+// The lanes' sum, in one fixed order (halves, then quarters, ...).
+inline float lane_sum(Lanes v) {
+  float a[kLanes];
+  store(a, v);
+  for (int64_t width = kLanes / 2; width > 0; width /= 2)
+    for (int64_t l = 0; l < width; ++l) a[l] = a[l] + a[l + width];
+  return a[0];
+}
+
+// Scores of R query rows against every key: score[r][j] = (q[r] . k[j]) * scale, the dot
+// product summed 16 dimensions a lane, then the lanes (lane_sum), then a remainder of D mod 16
+// dimensions in order: a key's score depends on the query and the key alone.
+template <int R>
+void scores(const float* const* q, const float* key, const Shapes& s, float scale,
+            float* const* score) {
+  const int64_t whole = s.dim / kLanes * kLanes;
+  for (int64_t j = 0; j < s.keys; ++j) {
+    const float* k = key + j * s.dim;
+    for (int r = 0; r < R; ++r) {
+      Lanes acc = {};
+      for (int64_t d = 0; d < whole; d += kLanes) acc = acc + load(q[r] + d) * load(k + d);
+      float dot = lane_sum(acc);
+      for (int64_t d = whole; d < s.dim; ++d) dot = dot + q[r][d] * k[d];
+      score[r][j] = dot * scale;
+    }
+  }
+}
+
+// exp(score - top) of a row's scores, in place, in 16-lane blocks over the padded length:
+// 2^n * p(r), r = x - n ln 2, to a few ulp.
+void exponentiate(float* score, float top, int64_t padded) {
+  for (int64_t j0 = 0; j0 < padded; j0 += kLanes) {
+    float x[kLanes];
+    int32_t e[kLanes];
+    for (int64_t l = 0; l < kLanes; ++l) {
+      const float y = std::max(score[j0 + l] - top, -87.0f);
+      const float n = (y * 1.44269504f + 12582912.0f) - 12582912.0f;  // round to nearest
+      const float r = (y - n * 0.693359375f) + n * 2.12194440e-4f;  // n * 0.693359375 exact
+      float p = 1.98756912e-4f;
+      p = p * r + 1.39819994e-3f;
+      p = p * r + 8.33345205e-3f;
+      p = p * r + 4.16657962e-2f;
+      p = p * r + 1.66666657e-1f;
+      p = p * r + 5.0e-1f;
+      x[l] = (p * r) * r + r + 1.0f;
+      e[l] = static_cast<int32_t>(n) * (1 << 23);
+    }
+    int32_t bits[kLanes];
+    std::memcpy(bits, x, sizeof(bits));
+    for (int64_t l = 0; l < kLanes; ++l) bits[l] += e[l];  // times 2^n
+    std::memcpy(score + j0, bits, sizeof(bits));
+  }
+}
+
+// A row's softmax weights, in place over its scores, and their total, summed over the keys it
+// sees in key order; ``seen`` gets those keys' indices. ``allowed``: S bytes, or nullptr for
+// the first ``limit`` keys.
+float softmax(float* score, const uint8_t* allowed, int64_t limit, const Shapes& s,
+              std::vector<int32_t>& seen) {
+  seen.clear();
+  for (int64_t j = 0; j < s.keys; ++j)
+    if (allowed ? allowed[j] != 0 : j < limit) seen.push_back(static_cast<int32_t>(j));
+  if (seen.empty()) return 0.0f;  // a row that sees nothing
+  float top = -std::numeric_limits<float>::infinity();
+  for (const int32_t j : seen) top = std::max(top, score[j]);
+  exponentiate(score, top, s.padded);
+  float total = 0.0f;
+  for (const int32_t j : seen) total = total + score[j];
+  return total;
+}
+
+// out = (sum over the keys j the row sees, in order, of p[j] * v[j]) / total, 16 dimensions
+// at a time. ``seen``: the indices of those keys; the others add nothing, not even a zero.
+void weigh(const float* p, const std::vector<int32_t>& seen, const float* value,
+           const Shapes& s, float total, float* out) {
+  for (int64_t d0 = 0; d0 < s.dim; d0 += kLanes) {
+    const int64_t width = std::min(kLanes, s.dim - d0);
+    Lanes acc = {};
+    if (width == kLanes) {
+      for (const int32_t j : seen) acc = acc + p[j] * load(value + j * s.dim + d0);
+    } else {  // the last dimensions of a D that is not a multiple of 16
+      for (const int32_t j : seen)
+        for (int64_t l = 0; l < width; ++l) acc[l] = acc[l] + p[j] * value[j * s.dim + d0 + l];
+    }
+    for (int64_t l = 0; l < width; ++l) out[d0 + l] = total > 0.0f ? acc[l] / total : 0.0f;
+  }
+}
+
+// Scores, softmax and output of R query rows of one key/value head.
+template <int R>
+void attend_rows(const float* const* q, const float* key, const float* value,
+                 const uint8_t* const* allowed, const int64_t* limit, const Shapes& s,
+                 float scale, float* const* score, float* const* out,
+                 std::vector<int32_t>& seen) {
+  scores<R>(q, key, s, scale, score);
+  for (int r = 0; r < R; ++r) {
+    const float total = softmax(score[r], allowed[r], limit[r], s, seen);
+    weigh(score[r], seen, value, s, total, out[r]);
+  }
+}
+
+// query [B, H, T, D], key/value [B, Hkv, S, D], allowed [B, T, S] uint8 or empty (causal when
+// ``causal``, else every key) -> output [B, T, H, D]. Float32, contiguous.
+torch::Tensor attend(torch::Tensor query, torch::Tensor key, torch::Tensor value,
+                     torch::Tensor allowed, bool causal, double scale) {
+  TORCH_CHECK(query.scalar_type() == torch::kFloat32 && key.scalar_type() == torch::kFloat32 &&
+              value.scalar_type() == torch::kFloat32, "invariant attention takes float32");
+  TORCH_CHECK(query.is_contiguous() && key.is_contiguous() && value.is_contiguous(),
+              "query, key and value must be contiguous");
+  const Shapes s{query.size(0), query.size(1), key.size(1), query.size(2), key.size(2),
+                 query.size(3), (key.size(2) + kLanes - 1) / kLanes * kLanes};
+  TORCH_CHECK(s.heads % s.kv_heads == 0, "query heads must be a multiple of key/value heads");
+  const bool masked = allowed.numel() > 0;
+  if (masked)
+    TORCH_CHECK(allowed.scalar_type() == torch::kUInt8 && allowed.is_contiguous() &&
+                allowed.size(0) == s.batch && allowed.size(1) == s.rows &&
+                allowed.size(2) == s.keys, "allowed must be uint8 [B, T, S]");
+  auto out = torch::empty({s.batch, s.rows, s.heads, s.dim}, query.options());
+  const int64_t groups = s.heads / s.kv_heads;
+  const int64_t per_kv = groups * s.rows;  // query rows that read one key/value head
+  const int64_t blocks = (per_kv + kRowsAtOnce - 1) / kRowsAtOnce;
+  const float* q = query.data_ptr<float>();
+  const float* v = value.data_ptr<float>();
+  const uint8_t* mask = masked ? allowed.data_ptr<uint8_t>() : nullptr;
+  float* o = out.data_ptr<float>();
+  at::parallel_for(0, s.batch * s.kv_heads * blocks, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> buffer(kRowsAtOnce * s.padded, 0.0f);
+    std::vector<int32_t> seen;
+    seen.reserve(s.keys);
+    const float* qr[kRowsAtOnce];
+    float* sr[kRowsAtOnce];
+    const uint8_t* row_mask[kRowsAtOnce];
+    int64_t limit[kRowsAtOnce];
+    float* row_out[kRowsAtOnce];
+    for (int64_t task = begin; task < end; ++task) {
+      const int64_t bh = task / blocks, first = (task % blocks) * kRowsAtOnce;
+      const int64_t b = bh / s.kv_heads, kvh = bh % s.kv_heads;
+      const int64_t count = std::min(kRowsAtOnce, per_kv - first);
+      for (int64_t i = 0; i < count; ++i) {
+        const int64_t h = kvh * groups + (first + i) / s.rows, t = (first + i) % s.rows;
+        qr[i] = q + ((b * s.heads + h) * s.rows + t) * s.dim;
+        sr[i] = buffer.data() + i * s.padded;
+        row_mask[i] = mask ? mask + (b * s.rows + t) * s.keys : nullptr;
+        limit[i] = causal ? s.keys - s.rows + t + 1 : s.keys;
+        row_out[i] = o + ((b * s.rows + t) * s.heads + h) * s.dim;
+      }
+      const float* k = key.data_ptr<float>() + bh * s.keys * s.dim;
+      const float* vh = v + bh * s.keys * s.dim;
+      if (count == kRowsAtOnce) {
+        attend_rows<kRowsAtOnce>(qr, k, vh, row_mask, limit, s, scale, sr, row_out, seen);
+      } else {
+        for (int64_t i = 0; i < count; ++i)
+          attend_rows<1>(qr + i, k, vh, row_mask + i, limit + i, s, scale, sr + i, row_out + i,
+                         seen);
+      }
+    }
+  });
+  return out;
+}
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("attend", &attend, "row-invariant attention, float32",
+        py::arg("query"), py::arg("key"), py::arg("value"), py::arg("allowed"),
+        py::arg("causal"), py::arg("scale"));
+}

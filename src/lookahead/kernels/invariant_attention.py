@@ -1,0 +1,134 @@
+"""Row-invariant attention: each query row computed alike whatever else is in the pass.
+
+A pass of k tokens then gives, row by row, the bits of k passes of one token, and a row of a
+batch the bits of the same sequence alone, provided the rest of the model is row-invariant
+too. On the quantized path it is: the linears quantize and sum each row on its own
+(``quant_linear``), and norms and activations work row by row. So there every method's greedy
+text equals autoregressive decoding, and a server's greedy answer does not depend on the
+requests beside it. PyTorch's attention is not row-invariant (``csrc/invariant_attention.cpp``
+says why); this one is, at the cost of a plainer kernel.
+
+``invariant_attention`` has transformers' attention-function signature and is added through
+``AttentionInterface``; ``use_invariant_attention(model)`` switches a float32 model to it. What
+it does not cover -- another dtype, dropout, a per-head mask, extra terms (soft-capping,
+sinks, position bias) -- goes to ``grouped_attention.grouped_sdpa`` unchanged, and
+``invariant_attention_problem`` says why a model cannot use it at all.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from pathlib import Path
+from types import ModuleType
+
+import torch
+from transformers import AttentionInterface
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+from lookahead.kernels.build import compile_kernel
+from lookahead.kernels.grouped_attention import grouped_sdpa
+from lookahead.kernels.quant_linear import ISA_FLAGS, best_isa
+
+logger = logging.getLogger(__name__)
+
+ATTENTION_NAME = "lookahead_invariant"
+SOURCE = Path(__file__).parent / "csrc" / "invariant_attention.cpp"
+# Keyword arguments that change what attention computes; with any of them set, fall back.
+_EXTRA_TERMS = ("position_bias", "softcap", "s_aux", "sinks")
+
+
+@functools.cache  # the build is per process anyway: a loaded extension stays imported
+def load_attention_kernel() -> ModuleType:
+    """Compile (first time) or load ``csrc/invariant_attention.cpp``, in an AVX-512 or an AVX2
+    build (:func:`quant_linear.best_isa`); both give the same bits, as every float operation
+    in it is elementwise or in a fixed order.
+
+    Raises:
+        RuntimeError / OSError / ImportError: the build failed (no compiler, say), or the CPU
+        has neither AVX-512 nor AVX2.
+    """
+    isa = best_isa()
+    logger.info("loading the row-invariant attention kernel (compiled on first use)")
+    # -ffp-contract=off: no fused multiply-adds, so every lane and remainder rounds alike.
+    return compile_kernel(f"lookahead_invariant_attention_{isa}", [SOURCE],
+                          ["-O3", "-ffp-contract=off", *ISA_FLAGS[isa]])
+
+
+def invariant_attention_problem(model) -> str | None:
+    """Why ``model`` cannot run on the row-invariant attention, or None when it can."""
+    if model.device.type != "cpu":
+        return f"the row-invariant attention runs on the CPU; the model is on {model.device}"
+    if model.dtype != torch.float32:
+        return f"the row-invariant attention is float32; the model is {model.dtype}"
+    if getattr(model.config, "_attn_implementation", None) not in (
+            "sdpa", "lookahead_sdpa", ATTENTION_NAME):
+        return f"the model runs {model.config._attn_implementation!r} attention, not SDPA"
+    try:
+        load_attention_kernel()
+    except (RuntimeError, OSError, ImportError) as error:
+        return f"the row-invariant attention kernel cannot be built here ({error})"
+    return None
+
+
+def use_invariant_attention(model) -> bool:
+    """Switch ``model`` to ``invariant_attention``; True if it did, False (logged) where
+    :func:`invariant_attention_problem` finds a reason not to."""
+    problem = invariant_attention_problem(model)
+    if problem is not None:
+        logger.info("attention left as it is: %s", problem)
+        return False
+    AttentionInterface.register(ATTENTION_NAME, invariant_attention)
+    # The masks transformers builds for calls we do not make (``model.generate``): SDPA's.
+    AttentionMaskInterface.register(ATTENTION_NAME, sdpa_mask)
+    model.set_attn_implementation(ATTENTION_NAME)
+    return True
+
+
+def invariant_attention(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    is_causal: bool | None = None,
+    **kwargs,
+) -> tuple[torch.Tensor, None]:
+    """Transformers' attention-function signature: query [B, H, T, D], key and value
+    [B, H_kv, S, D], mask [B or 1, 1, T, >= S] (bool, or additive: 0 where allowed) or None
+    (causal for T > 1 as SDPA takes it) -> output [B, T, H, D] (and no attention weights)."""
+    allowed = _allowed(attention_mask, query, key)
+    if (query.dtype != torch.float32 or query.device.type != "cpu" or dropout > 0.0
+            or allowed is None or any(kwargs.get(name) is not None for name in _EXTRA_TERMS)):
+        return grouped_sdpa(module, query, key, value, attention_mask, dropout=dropout,
+                            scaling=scaling, is_causal=is_causal, **kwargs)
+    if scaling is None:
+        scaling = query.shape[-1] ** -0.5
+    causal = (attention_mask is None and query.shape[2] > 1
+              and (is_causal if is_causal is not None else getattr(module, "is_causal", True)))
+    out = load_attention_kernel().attend(query.contiguous(), key.contiguous(),
+                                         value.contiguous(), allowed, bool(causal),
+                                         float(scaling))
+    return out, None
+
+
+def _allowed(mask: torch.Tensor | None, query: torch.Tensor, key: torch.Tensor
+             ) -> torch.Tensor | None:
+    """The mask as uint8 [B, T, S] (1: the query row sees the key), an empty tensor for no
+    mask, or None for a mask this kernel does not take (per head, or with values other than
+    allowed and masked)."""
+    if mask is None:
+        return torch.empty(0, dtype=torch.uint8)
+    batch, _, rows, _ = query.shape
+    keys = key.shape[2]
+    if mask.dim() != 4 or mask.shape[1] != 1 or mask.shape[2] != rows or mask.shape[3] < keys:
+        return None
+    mask = mask[:, 0, :, :keys]
+    if mask.dtype != torch.bool:
+        floor = torch.finfo(mask.dtype).min
+        if not bool(((mask == 0) | (mask <= floor / 2)).all()):
+            return None  # a bias, not a mask: SDPA adds it
+        mask = mask == 0
+    return mask.expand(batch, rows, keys).to(torch.uint8).contiguous()

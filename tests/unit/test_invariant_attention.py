@@ -1,0 +1,115 @@
+"""lookahead.kernels.invariant_attention: SDPA's values, and each row's bits whatever else is
+in the pass (rows, cache length, gaps, padding, other batch rows)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from lookahead.kernels.grouped_attention import grouped_sdpa
+from lookahead.kernels.invariant_attention import (
+    ATTENTION_NAME,
+    invariant_attention,
+    invariant_attention_problem,
+    use_invariant_attention,
+)
+
+MIN = torch.finfo(torch.float32).min
+
+
+class Layer(torch.nn.Module):
+    """What an attention function reads of its module."""
+
+    def __init__(self, groups: int) -> None:
+        super().__init__()
+        self.num_key_value_groups = groups
+        self.is_causal = True
+
+
+def causal_mask(rows: int, keys: int) -> torch.Tensor:
+    """Additive [1, 1, rows, keys]: row t sees the keys up to keys - rows + t."""
+    allowed = torch.ones(rows, keys, dtype=torch.bool).tril(keys - rows)
+    return torch.zeros(1, 1, rows, keys).masked_fill(~allowed, MIN)
+
+
+def tensors(batch=1, heads=6, kv_heads=2, rows=5, keys=37, dim=24, seed=0):
+    generator = torch.Generator().manual_seed(seed)
+    return (torch.randn(batch, heads, rows, dim, generator=generator),
+            torch.randn(batch, kv_heads, keys, dim, generator=generator),
+            torch.randn(batch, kv_heads, keys, dim, generator=generator))
+
+
+@pytest.mark.parametrize("dim", [16, 24, 64])
+def test_it_computes_what_sdpa_computes(dim) -> None:
+    query, key, value = tensors(batch=2, dim=dim)
+    mask = causal_mask(5, 37)
+    layer = Layer(groups=3)
+    ours, _ = invariant_attention(layer, query, key, value, mask)
+    theirs, _ = grouped_sdpa(layer, query, key, value, mask)
+    assert ours.shape == theirs.shape == (2, 5, 6, dim)
+    torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-6)
+    # No mask and several rows: causal, as SDPA takes it.
+    causal, _ = invariant_attention(layer, query, key, value, None)
+    assert torch.equal(causal, ours)
+
+
+def test_a_row_gets_the_bits_of_its_own_pass() -> None:
+    """k rows in one pass == k passes of one row, each over its own prefix of the cache."""
+    query, key, value = tensors(rows=7, keys=40)
+    layer = Layer(groups=3)
+    together, _ = invariant_attention(layer, query, key, value, causal_mask(7, 40))
+    for t in range(7):
+        seen = 40 - 7 + t + 1
+        alone, _ = invariant_attention(layer, query[:, :, t:t + 1].contiguous(),
+                                       key[:, :, :seen].contiguous(),
+                                       value[:, :, :seen].contiguous(), None)
+        assert torch.equal(alone[:, 0], together[:, t]), t
+
+
+def test_masked_keys_gaps_and_other_batch_rows_change_no_bit() -> None:
+    query, key, value = tensors(rows=4, keys=30)
+    layer = Layer(groups=3)
+    mask = causal_mask(4, 30)
+    alone, _ = invariant_attention(layer, query, key, value, mask)
+    # A gap of 9 masked keys (holding huge values) in the middle of the cache.
+    gap = torch.full((1, 2, 9, 24), 1e4)
+    key_gap = torch.cat([key[:, :, :11], gap, key[:, :, 11:]], dim=2)
+    value_gap = torch.cat([value[:, :, :11], -gap, value[:, :, 11:]], dim=2)
+    mask_gap = torch.cat([mask[..., :11], torch.full((1, 1, 4, 9), MIN), mask[..., 11:]], -1)
+    gapped, _ = invariant_attention(layer, query, key_gap, value_gap, mask_gap)
+    assert torch.equal(gapped, alone)
+    # The same row beside another, longer one in a batch: padded on the left, bool mask.
+    other_q, other_k, other_v = tensors(rows=4, keys=45, seed=1)
+    pad = 15
+    keys = torch.cat([torch.zeros(1, 2, pad, 24), key], dim=2)
+    values = torch.cat([torch.zeros(1, 2, pad, 24), value], dim=2)
+    allowed = torch.cat([torch.zeros(1, 1, 4, pad, dtype=torch.bool), mask == 0], dim=-1)
+    batch_mask = torch.cat([allowed, causal_mask(4, 45) == 0])
+    both, _ = invariant_attention(layer, torch.cat([query, other_q]), torch.cat([keys, other_k]),
+                                  torch.cat([values, other_v]), batch_mask)
+    assert torch.equal(both[:1], alone)
+
+
+def test_a_row_that_sees_nothing_gets_zeros_and_others_fall_back() -> None:
+    query, key, value = tensors(rows=2, keys=8)
+    layer = Layer(groups=3)
+    mask = torch.zeros(1, 1, 2, 8, dtype=torch.bool)
+    mask[0, 0, 1, :3] = True
+    out, _ = invariant_attention(layer, query, key, value, mask)
+    assert torch.equal(out[0, 0], torch.zeros(6, 24)) and out[0, 1].abs().sum() > 0
+    # A bias is not a mask, and float64 is not this kernel's: both go to SDPA, and agree.
+    bias = torch.randn(1, 1, 2, 8)
+    for args in ((query, key, value, bias),
+                 (query.double(), key.double(), value.double(), causal_mask(2, 8).double())):
+        ours, _ = invariant_attention(layer, *args)
+        theirs, _ = grouped_sdpa(layer, *args)
+        assert torch.equal(ours, theirs)
+
+
+def test_a_model_switches_to_it_only_in_float32_on_the_cpu(fresh_lm) -> None:
+    model = fresh_lm("llama")  # float64
+    assert "float32" in invariant_attention_problem(model)
+    assert use_invariant_attention(model) is False
+    model = model.float()
+    assert invariant_attention_problem(model) is None
+    assert use_invariant_attention(model) is True
+    assert model.config._attn_implementation == ATTENTION_NAME

@@ -55,21 +55,67 @@ inline float lane_sum(Lanes v) {
   return a[0];
 }
 
+// The lane sums of 16 vectors, as one vector (lane j: the sum of v[j]'s lanes), each summed
+// in lane_sum's order: halves, then quarters, ... (pairs of vectors are reduced together).
+inline Lanes lane_sums(const Lanes* v) {
+  Lanes half[8], quarter[4], eighth[2];
+  for (int i = 0; i < 8; ++i)
+    half[i] = __builtin_shufflevector(v[2 * i], v[2 * i + 1], 0, 1, 2, 3, 4, 5, 6, 7, 16, 17,
+                                      18, 19, 20, 21, 22, 23) +
+              __builtin_shufflevector(v[2 * i], v[2 * i + 1], 8, 9, 10, 11, 12, 13, 14, 15, 24,
+                                      25, 26, 27, 28, 29, 30, 31);
+  for (int i = 0; i < 4; ++i)
+    quarter[i] = __builtin_shufflevector(half[2 * i], half[2 * i + 1], 0, 1, 2, 3, 8, 9, 10, 11,
+                                         16, 17, 18, 19, 24, 25, 26, 27) +
+                 __builtin_shufflevector(half[2 * i], half[2 * i + 1], 4, 5, 6, 7, 12, 13, 14, 15,
+                                         20, 21, 22, 23, 28, 29, 30, 31);
+  for (int i = 0; i < 2; ++i)
+    eighth[i] = __builtin_shufflevector(quarter[2 * i], quarter[2 * i + 1], 0, 1, 4, 5, 8, 9, 12,
+                                        13, 16, 17, 20, 21, 24, 25, 28, 29) +
+                __builtin_shufflevector(quarter[2 * i], quarter[2 * i + 1], 2, 3, 6, 7, 10, 11,
+                                        14, 15, 18, 19, 22, 23, 26, 27, 30, 31);
+  return __builtin_shufflevector(eighth[0], eighth[1], 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20,
+                                 22, 24, 26, 28, 30) +
+         __builtin_shufflevector(eighth[0], eighth[1], 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21,
+                                 23, 25, 27, 29, 31);
+}
+
+// One query row's dot product with one key, in 16 lanes (d, d + 16, ... summed in order).
+inline Lanes dot_lanes(const float* q, const float* k, int64_t whole) {
+  Lanes acc = {};
+  for (int64_t d = 0; d < whole; d += kLanes) acc = acc + load(q + d) * load(k + d);
+  return acc;
+}
+
+// The rest of a dot product: dimensions past the last whole 16, in order.
+inline float dot_rest(const float* q, const float* k, int64_t whole, int64_t dim, float dot) {
+  for (int64_t d = whole; d < dim; ++d) dot = dot + q[d] * k[d];
+  return dot;
+}
+
 // Scores of R query rows against every key: score[r][j] = (q[r] . k[j]) * scale, the dot
-// product summed 16 dimensions a lane, then the lanes (lane_sum), then a remainder of D mod 16
-// dimensions in order: a key's score depends on the query and the key alone.
+// product summed 16 dimensions a lane, then the lanes (lane_sum; lane_sums for 16 keys at a
+// time, in the same order), then a remainder of D mod 16 dimensions in order: a key's score
+// depends on the query and the key alone.
 template <int R>
 void scores(const float* const* q, const float* key, const Shapes& s, float scale,
             float* const* score) {
-  const int64_t whole = s.dim / kLanes * kLanes;
-  for (int64_t j = 0; j < s.keys; ++j) {
-    const float* k = key + j * s.dim;
+  const int64_t whole = s.dim / kLanes * kLanes, blocks = s.keys / kLanes * kLanes;
+  for (int64_t j0 = 0; j0 < blocks; j0 += kLanes) {
     for (int r = 0; r < R; ++r) {
-      Lanes acc = {};
-      for (int64_t d = 0; d < whole; d += kLanes) acc = acc + load(q[r] + d) * load(k + d);
-      float dot = lane_sum(acc);
-      for (int64_t d = whole; d < s.dim; ++d) dot = dot + q[r][d] * k[d];
-      score[r][j] = dot * scale;
+      Lanes acc[kLanes];
+      for (int64_t l = 0; l < kLanes; ++l) acc[l] = dot_lanes(q[r], key + (j0 + l) * s.dim, whole);
+      Lanes sums = lane_sums(acc);
+      if (whole < s.dim)
+        for (int64_t l = 0; l < kLanes; ++l)
+          sums[l] = dot_rest(q[r], key + (j0 + l) * s.dim, whole, s.dim, sums[l]);
+      store(score[r] + j0, sums * scale);
+    }
+  }
+  for (int64_t j = blocks; j < s.keys; ++j) {
+    for (int r = 0; r < R; ++r) {
+      const float* k = key + j * s.dim;
+      score[r][j] = dot_rest(q[r], k, whole, s.dim, lane_sum(dot_lanes(q[r], k, whole))) * scale;
     }
   }
 }
@@ -100,8 +146,8 @@ void exponentiate(float* score, float top, int64_t padded) {
   }
 }
 
-// A row's softmax weights, in place over its scores, and their total, summed over the keys it
-// sees in key order; ``seen`` gets those keys' indices. ``allowed``: S bytes, or nullptr for
+// A row's softmax weights, in place over its scores, and their total over the keys it sees,
+// summed in a fixed order of those keys; ``seen`` gets their indices. ``allowed``: S bytes, or nullptr for
 // the first ``limit`` keys.
 float softmax(float* score, const uint8_t* allowed, int64_t limit, const Shapes& s,
               std::vector<int32_t>& seen) {
@@ -112,25 +158,59 @@ float softmax(float* score, const uint8_t* allowed, int64_t limit, const Shapes&
   float top = -std::numeric_limits<float>::infinity();
   for (const int32_t j : seen) top = std::max(top, score[j]);
   exponentiate(score, top, s.padded);
-  float total = 0.0f;
-  for (const int32_t j : seen) total = total + score[j];
-  return total;
+  // The i-th key seen goes to lane i mod 16: the same lane for the same key in any pass, as
+  // the keys a row sees are the same in the same order; 16 sums keep the adds from waiting.
+  Lanes lanes = {};
+  const int64_t count = static_cast<int64_t>(seen.size()), whole = count / kLanes * kLanes;
+  for (int64_t i = 0; i < whole; i += kLanes) {
+    Lanes x;
+    for (int64_t l = 0; l < kLanes; ++l) x[l] = score[seen[i + l]];
+    lanes = lanes + x;
+  }
+  for (int64_t i = whole; i < count; ++i) lanes[i - whole] = lanes[i - whole] + score[seen[i]];
+  return lane_sum(lanes);
 }
 
-// out = (sum over the keys j the row sees, in order, of p[j] * v[j]) / total, 16 dimensions
-// at a time. ``seen``: the indices of those keys; the others add nothing, not even a zero.
+// Blocks of 16 dimensions [first, first + N) of a row's output: the sum, over the keys it
+// sees in order, of p[j] * v[j]. N independent sums per key keep the adds from waiting on
+// each other.
+template <int N>
+void weigh_blocks(const float* p, const std::vector<int32_t>& seen, const float* value,
+                  int64_t dim, int64_t first, Lanes* acc) {
+  for (int n = 0; n < N; ++n) acc[n] = Lanes{};
+  for (const int32_t j : seen) {
+    const float* v = value + j * dim + first * kLanes;
+    for (int n = 0; n < N; ++n) acc[n] = acc[n] + p[j] * load(v + n * kLanes);
+  }
+}
+
+// out = (sum over the keys j the row sees, in order, of p[j] * v[j]) / total. ``seen``: the
+// indices of those keys; the others add nothing, not even a zero.
 void weigh(const float* p, const std::vector<int32_t>& seen, const float* value,
            const Shapes& s, float total, float* out) {
-  for (int64_t d0 = 0; d0 < s.dim; d0 += kLanes) {
-    const int64_t width = std::min(kLanes, s.dim - d0);
-    Lanes acc = {};
-    if (width == kLanes) {
-      for (const int32_t j : seen) acc = acc + p[j] * load(value + j * s.dim + d0);
-    } else {  // the last dimensions of a D that is not a multiple of 16
-      for (const int32_t j : seen)
-        for (int64_t l = 0; l < width; ++l) acc[l] = acc[l] + p[j] * value[j * s.dim + d0 + l];
+  constexpr int kMost = 8;  // blocks summed at once
+  const int64_t blocks = s.dim / kLanes;
+  Lanes acc[kMost];
+  for (int64_t first = 0; first < blocks; first += kMost) {
+    const int64_t count = std::min<int64_t>(kMost, blocks - first);
+    switch (count) {
+      case 8: weigh_blocks<8>(p, seen, value, s.dim, first, acc); break;
+      case 7: weigh_blocks<7>(p, seen, value, s.dim, first, acc); break;
+      case 6: weigh_blocks<6>(p, seen, value, s.dim, first, acc); break;
+      case 5: weigh_blocks<5>(p, seen, value, s.dim, first, acc); break;
+      case 4: weigh_blocks<4>(p, seen, value, s.dim, first, acc); break;
+      case 3: weigh_blocks<3>(p, seen, value, s.dim, first, acc); break;
+      case 2: weigh_blocks<2>(p, seen, value, s.dim, first, acc); break;
+      default: weigh_blocks<1>(p, seen, value, s.dim, first, acc);
     }
-    for (int64_t l = 0; l < width; ++l) out[d0 + l] = total > 0.0f ? acc[l] / total : 0.0f;
+    for (int64_t n = 0; n < count; ++n)
+      for (int64_t l = 0; l < kLanes; ++l)
+        out[(first + n) * kLanes + l] = total > 0.0f ? acc[n][l] / total : 0.0f;
+  }
+  for (int64_t d = blocks * kLanes; d < s.dim; ++d) {  // a D that is not a multiple of 16
+    float sum = 0.0f;
+    for (const int32_t j : seen) sum = sum + p[j] * value[j * s.dim + d];
+    out[d] = total > 0.0f ? sum / total : 0.0f;
   }
 }
 

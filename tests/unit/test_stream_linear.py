@@ -1,6 +1,7 @@
 """The stream kernel (``lookahead.kernels.stream_linear``, ``packed_weights=Kernel.STREAM``):
 bfloat16 linears summed in float32, close to the exact product, with each row's result
-independent of the rows beside it; and the way the packing, the profiles and the command line choose it.
+independent of the rows beside it; and the way the packing, the profiles and the command line
+choose it.
 
 The kernel is compiled on first use: without a C++ compiler or AVX-512 these tests skip, and
 say why.

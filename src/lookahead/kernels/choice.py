@@ -82,8 +82,9 @@ def as_kernel(value: object, argument: str = "packed_weights",
         names = [repr(k.value) for k in allowed]
         names += [f"{flag} ({k.value})" for flag, k in ((True, Kernel.PACKED),
                                                         (False, Kernel.PLAIN)) if k in allowed]
+        shown = value.value if isinstance(value, Kernel) else value
         raise ValueError(f"{argument} must be None ({AUTO}) or one of {', '.join(names)}; "
-                         f"got {value!r}")
+                         f"got {shown!r}")
     return kernel
 
 

@@ -343,6 +343,15 @@ def test_tune_rejects_a_bad_margin_sample_or_no_data_set(capsys) -> None:
     assert "argument --sample: invalid choice: 'middle'" in capsys.readouterr().err
 
 
+def test_tune_takes_the_kernels_it_can_tune_in_any_spelling() -> None:
+    assert TuneConfig(dtype="float32", packed_weights=True).packed_weights is Kernel.PACKED
+    assert TuneConfig(dtype="bfloat16", packed_weights="stream").packed_weights is Kernel.STREAM
+    # The quantized path is chosen when a GGUF model loads; the tuner loads de-quantised.
+    with pytest.raises(ValueError, match="packed_weights must be None .*'plain', 'packed', "
+                                         "'stream', .*got 'quantized'"):
+        TuneConfig(packed_weights=Kernel.QUANTIZED)
+
+
 def test_the_tuner_can_choose_a_step_cap_and_the_commands_take_it(tiny, tmp_path, capsys
                                                                    ) -> None:
     """``--max-step-tokens 0,2`` runs each shape uncapped and capped at 2 tokens a step; a

@@ -12,6 +12,8 @@ from gguf import GGMLQuantizationType as Q
 from tiny_gguf import write_tiny_gguf
 
 import lookahead
+from lookahead.kernels import Kernel
+from lookahead.kernels.packing import apply_packing, packing_of
 from lookahead.kernels.quant_linear import QuantLinear
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -88,3 +90,27 @@ def test_quantized_true_on_a_model_without_gguf_names_the_argument(tmp_path):
     folder = save_tiny_chat_model(tmp_path / "tiny")
     with pytest.raises(ValueError, match="quantized=True: the model is not a GGUF"):
         lookahead.load_model(folder, quantized=True)
+
+
+def test_the_kernel_names_the_quantized_path_and_packing_refuses_it(files, tmp_path):
+    path = files["llama-q4_1-q8_0"]
+    model, _ = lookahead.load_model(path, cache_dir=tmp_path, packed_weights=False)
+    assert packing_of(model) is Kernel.QUANTIZED  # False (plain) packs nothing: still quantized
+    assert apply_packing(model, None) is Kernel.QUANTIZED
+    assert apply_packing(model, Kernel.QUANTIZED) is Kernel.QUANTIZED
+    with pytest.raises(ValueError, match="packed_weights: .*quantized .*quantized=False"):
+        apply_packing(model, Kernel.PACKED)
+    # Asked for by the kernel: quantized whatever the compute dtype.
+    model, _ = lookahead.load_model(path, "float32", cache_dir=tmp_path,
+                                    packed_weights=Kernel.QUANTIZED)
+    assert packing_of(model) is Kernel.QUANTIZED
+    with pytest.raises(ValueError, match="packed_weights='quantized' .*quantized=False"):
+        lookahead.load_model(path, cache_dir=tmp_path, packed_weights="quantized",
+                             quantized=False)
+    plain, _ = lookahead.load_model(path, "float32", cache_dir=tmp_path)
+    assert packing_of(plain) is Kernel.PLAIN
+    with pytest.raises(ValueError, match="packed_weights: 'quantized' is chosen when the model "
+                                         "loads"):
+        apply_packing(plain, "quantized")
+    with pytest.raises(ValueError, match="packed_weights must be None .*got 'fast'"):
+        lookahead.load_model(path, cache_dir=tmp_path, packed_weights="fast")

@@ -293,6 +293,16 @@ def test_bench_packs_bfloat16_and_labels_the_setting() -> None:
                     ("lookahead", "bfloat16+packed")]
 
 
+def test_bench_runs_quantized_only_where_a_gguf_model_can_and_says_so_by_name() -> None:
+    assert BenchConfig(packed_weights="quantized").setting == "quantized"
+    with pytest.raises(ValueError, match="packed_weights='quantized': the model is not a GGUF"):
+        BenchConfig(model="no/such-folder", packed_weights=Kernel.QUANTIZED)
+    with pytest.raises(ValueError, match="packed_weights='quantized': dequantize=True"):
+        BenchConfig(packed_weights=Kernel.QUANTIZED, dequantize=True)
+    with pytest.raises(ValueError, match="packed_weights must be None .*got 'yes'"):
+        BenchConfig(packed_weights="yes")
+
+
 def test_bench_summary_takes_the_best_plain_baseline_and_checks_the_packed_one() -> None:
     def record(method, dtype, tokens, seconds):
         return dict(dataset="d", prompt="p", method=method, dtype=dtype, tokens=tokens,

@@ -32,6 +32,7 @@ _EXPORTS = {
     "Datastore": "lookahead.sources.datastore",
     "TextMemory": "lookahead.sources.memory",
     "use_grouped_attention": "lookahead.kernels.grouped_attention",
+    "Kernel": "lookahead.kernels.choice",
     "pack_weights": "lookahead.kernels.packing",
     "packing_problem": "lookahead.kernels.packing",
     "GenerationStats": "lookahead.stats",

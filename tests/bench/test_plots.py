@@ -107,7 +107,7 @@ def test_the_results_and_profiles_under_docs_results_still_read_and_draw(tmp_pat
     kernels = set()
     for path in bench:
         results = json.loads(path.read_text())
-        dtype, kernel = weights_of(plots.main_setting(results["config"]))
+        _, kernel = weights_of(plots.main_setting(results["config"]))
         recorded = recorded_kernel(results["config"])
         assert recorded in (None, kernel), path  # null: the default, whatever it chose
         kernels |= {weights_of(run["dtype"])[1] for run in results["runs"]}

@@ -33,6 +33,7 @@ _EXPORTS = {
     "TextMemory": "lookahead.sources.memory",
     "use_grouped_attention": "lookahead.kernels.grouped_attention",
     "use_invariant_attention": "lookahead.kernels.invariant_attention",
+    "Kernel": "lookahead.kernels.choice",
     "pack_weights": "lookahead.kernels.packing",
     "packing_problem": "lookahead.kernels.packing",
     "GenerationStats": "lookahead.stats",

@@ -1,11 +1,16 @@
 """Tuned lookahead shapes: where ``lookahead tune`` saves them and how a decoding reads them.
 
-A profile ``<cache>/profiles/<model>-<dtype>[-packed|-stream]-<device>[-<workload>].json`` holds
+A profile ``<cache>/profiles/<model>-<dtype>[-<kernel>]-<device>[-<workload>].json`` holds
 the shape (window, ngram, guess, and optionally lookup_tokens, token_cost, max_step_tokens) that
 was fastest on this machine. ``find_shape`` gives the saved best for a model, dtype and device
 together with the file it came from, or the untuned default (``DEFAULT_SHAPE``, on CUDA
 ``GPU_DEFAULT_SHAPE``) and the word "default": the profile is state outside the call, so
 ``GenerationStats.shape_source`` names it. ``lookahead.bench.tune`` writes the profiles.
+
+Each kernel of the linear layers (``lookahead.kernels.choice.Kernel``: plain, packed, stream)
+has its own profile, its file named by the kernel (none for plain): the curves differ. A
+profile records its kernel under "packed_weights", as the kernel's name; older profiles wrote
+true, false or null there, and are read the same (:func:`recorded_kernel`).
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from pathlib import Path
 from types import MappingProxyType
 
 from lookahead.config import LookaheadConfig, check_step_tokens, check_workload
+from lookahead.kernels.choice import Kernel, as_kernel
 from lookahead.models.registry import default_cache_dir, dtype_name
 
 logger = logging.getLogger(__name__)
@@ -81,32 +87,39 @@ def shape_label(shape, cap: int | None = None) -> str:
     return label + (f" T={cap}" if cap is not None else "")
 
 
-def _measured_alike(profile: dict | None, packed: bool | str | None) -> dict | None:
-    """``profile``, or None where its curve was measured on weights packed otherwise than
-    ``packed`` (None: not known, any will do). Packed float32 makes a pass of 8 tokens cost
+def recorded_kernel(profile: Mapping) -> Kernel | None:
+    """The kernel a profile (or a benchmark's config) records under "packed_weights": the
+    kernel's name, or an older profile's true/false; None where it records none (or
+    something no kernel is called)."""
+    try:
+        return as_kernel(profile.get("packed_weights"))
+    except ValueError:
+        return None
+
+
+def _measured_alike(profile: dict | None, kernel: Kernel | None) -> dict | None:
+    """``profile``, or None where its curve was measured on another kernel than ``kernel``
+    (None: not known, any will do). Packed float32 makes a pass of 8 tokens cost
     1.75-1.9x one on an AVX2 CPU, plain float32 about 2x at 2 tokens and no more up to 16,
     the stream kernel about 1.25x: each has its own best shape."""
-    recorded = None if profile is None else profile.get("packed_weights")
-    if packed is None or recorded is None or recorded == packed:
+    recorded = None if profile is None else recorded_kernel(profile)
+    if kernel is None or recorded is None or recorded is kernel:
         return profile
     logger.info("passing over the tuning profile of %s: measured on %s weights, these are %s",
-                profile.get("model"), *(_packing_label(p) for p in (recorded, packed)))
+                profile.get("model"), recorded, kernel)
     return None
 
 
-def _packing_label(packed: bool | str) -> str:
-    """"plain", "packed" or "stream": how a profile's file and messages name its weights."""
-    return packed if isinstance(packed, str) else "packed" if packed else "plain"
-
-
 def profile_path(model_name: str, dtype, device: str = "cpu", cache_dir=None,
-                 workload: str | None = None, packed: bool | str = False) -> Path:
-    """``<cache_dir>/profiles/<model>-<dtype>[-packed|-stream]-<device>[-<workload>].json``;
-    the model name made file-safe. Plain, packed and stream-kernel weights have a profile
-    each: their curves differ."""
+                 workload: str | None = None, packed: Kernel | None = Kernel.PLAIN) -> Path:
+    """``<cache_dir>/profiles/<model>-<dtype>[-<kernel>]-<device>[-<workload>].json``;
+    the model name made file-safe. Each kernel (``packed``, a ``Kernel`` or a spelling
+    ``as_kernel`` reads) has a profile, "-packed", "-stream"; plain weights (or None) none:
+    their curves differ."""
     root = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
     safe = re.sub(r"[^A-Za-z0-9._-]+", "_", str(model_name)).strip("_.") or "model"
-    packing = f"-{_packing_label(packed)}" if packed else ""
+    kernel = as_kernel(packed, "packed") or Kernel.PLAIN
+    packing = f"-{kernel.value}" if kernel is not Kernel.PLAIN else ""
     suffix = f"-{check_workload(workload)}" if workload is not None else ""
     return root / "profiles" / f"{safe}-{dtype_name(dtype)}{packing}-{device}{suffix}.json"
 
@@ -115,13 +128,14 @@ def saved_profile_path(profile: dict, cache_dir=None) -> Path:
     """Where ``lookahead.bench.tune.save_profile`` writes ``profile``: named by its model, dtype, packing,
     device and workload."""
     return profile_path(profile["model"], profile["dtype"], profile["device"], cache_dir,
-                        profile.get("workload"), profile.get("packed_weights") or False)
+                        profile.get("workload"), recorded_kernel(profile))
 
 
 def load_profile(model_name: str, dtype, cache_dir=None, device: str = "cpu",
-                 workload: str | None = None, packed: bool | str | None = None) -> dict | None:
+                 workload: str | None = None, packed: Kernel | None = None) -> dict | None:
     """The saved profile of ``model_name`` in ``dtype`` on ``device`` (for ``workload``, if
-    named: that one only) measured on weights packed as ``packed`` says, or None.
+    named: that one only) measured on the kernel ``packed`` (a ``Kernel``, or a spelling
+    ``as_kernel`` reads: True, False, "stream"), or None.
 
     ``packed=None`` (not known) takes the plain weights' profile, else the packed one. A profile
     saved before packed weights had a file of their own is read for the packing it records. A
@@ -132,14 +146,16 @@ def load_profile(model_name: str, dtype, cache_dir=None, device: str = "cpu",
 
 
 def _find_profile(model_name: str, dtype, cache_dir=None, device: str = "cpu",
-                  workload: str | None = None, packed: bool | str | None = None
+                  workload: str | None = None, packed: Kernel | None = None
                   ) -> tuple[dict, Path] | None:
     """``load_profile``'s profile and the file it was read from, or None."""
-    candidates = ((False, True) if packed is None else (packed,) if isinstance(packed, str)
-                  else (True, False) if packed else (False,))
+    kernel = as_kernel(packed, "packed")
+    # Packed weights may find theirs in the plain file: saved before they had one of their own.
+    candidates = {None: (Kernel.PLAIN, Kernel.PACKED),
+                  Kernel.PACKED: (Kernel.PACKED, Kernel.PLAIN)}.get(kernel, (kernel,))
     for candidate in candidates:
         path = profile_path(model_name, dtype, device, cache_dir, workload, candidate)
-        profile = _measured_alike(_read_profile(path), packed)
+        profile = _measured_alike(_read_profile(path), kernel)
         if profile is not None:
             return profile, path
     return None
@@ -160,22 +176,22 @@ def _read_profile(path: Path) -> dict | None:
 
 
 def resolve_shape(model_name: str, dtype, cache_dir=None, device: str = "cpu",
-                  workload: str | None = None, packed: bool | str | None = None
+                  workload: str | None = None, packed: Kernel | None = None
                   ) -> dict[str, float]:
     """``find_shape``'s shape alone."""
     return find_shape(model_name, dtype, cache_dir, device, workload, packed)[0]
 
 
 def find_shape(model_name: str, dtype, cache_dir=None, device: str = "cpu",
-               workload: str | None = None, packed: bool | str | None = None
+               workload: str | None = None, packed: Kernel | None = None
                ) -> tuple[dict[str, float], str]:
     """``(shape, source)``. ``shape``: ``dict(window=, ngram=, guess=[, lookup_tokens=,
     token_cost=, max_step_tokens=])``, the tuned best for this model, dtype and device (from
     the ``workload`` profile if one is named and saved, else the general one), else
     ``default_shape(device)``; ``source``: the profile file it was read from, or
     ``DEFAULT_SOURCE``. Run ``lookahead tune --model NAME --dtype DTYPE [--workload W]`` to
-    create a profile. ``packed``: whether the weights are packed (None: not known); only a
-    profile measured on weights packed alike is taken."""
+    create a profile. ``packed``: the kernel of the linear layers (None: not known; see
+    ``load_profile``); only a profile measured on the same kernel is taken."""
     found = None
     if workload is not None:
         found = _find_profile(model_name, dtype, cache_dir, device, workload, packed)

@@ -88,3 +88,32 @@ def test_a_saved_run_is_drawn_again(tmp_path: Path) -> None:
     for path in (bench.parent / "speedups.png", bench.parent / "tokens_per_step.png",
                  *(tmp_path / "again" / n for n in ("throughput.png", "ttft.png", "latency.png"))):
         assert path.read_bytes()[:8] == PNG, path
+
+
+RESULTS = Path(__file__).parents[2] / "docs" / "results"
+
+
+def test_the_results_and_profiles_under_docs_results_still_read_and_draw(tmp_path) -> None:
+    """Files written before the kernel was one value (``packed_weights`` true, null or
+    "stream"; settings "bfloat16+packed") still give their kernels, and draw again."""
+    from lookahead.bench.report import weights_of
+    from lookahead.kernels import Kernel
+    from lookahead.profiles import recorded_kernel
+
+    bench = [p for p in sorted(RESULTS.rglob("results.json"))
+             if {"config", "runs"} <= set(json.loads(p.read_text()))]  # bench's own
+    profiles = sorted(RESULTS.rglob("profile-*.json"))
+    assert bench and profiles
+    kernels = set()
+    for path in bench:
+        results = json.loads(path.read_text())
+        _, kernel = weights_of(plots.main_setting(results["config"]))
+        recorded = recorded_kernel(results["config"])
+        assert recorded in (None, kernel), path  # null: the default, whatever it chose
+        kernels |= {weights_of(run["dtype"])[1] for run in results["runs"]}
+    assert {recorded_kernel(json.loads(p.read_text())) for p in profiles} <= set(Kernel)
+    assert {Kernel.PLAIN, Kernel.PACKED, Kernel.STREAM} <= kernels
+    stream = next(p for p in bench if "+stream" in p.read_text())
+    for path in (stream, profiles[0]):
+        for png in plots.replot(path, tmp_path / path.parent.name):
+            assert png.read_bytes()[:8] == PNG, png

@@ -22,6 +22,7 @@ from lookahead.cli.bench import config_from_args
 from lookahead.cli.main import build_parser, main
 from lookahead.cli.options import method_options
 from lookahead.config import LookaheadConfig
+from lookahead.kernels import Kernel
 from lookahead.profiles import (
     DEFAULT_SHAPE,
     DEFAULT_TOKEN_COST,
@@ -184,16 +185,19 @@ def test_a_bad_workload_is_refused_naming_it(tiny, capsys) -> None:
 
 def test_a_profile_measured_on_weights_packed_otherwise_is_passed_over(tiny) -> None:
     """Packing changes what a pass costs, so a shape tuned on packed float32 is not taken for
-    plain float32, nor the other way round; a profile that does not say is taken for either."""
+    plain float32, nor the other way round; a profile that does not say is taken for either.
+    Profiles name the kernel ("packed", "plain"); older ones wrote true or false."""
     cache, model = tiny["cache"] / "packing", str(tiny["model"])
     path = profile_path(model, "float32", cache_dir=cache)
     path.parent.mkdir(parents=True)
     tuned = dict(window=1, ngram=3, guess=2)
-    for recorded in (True, False, None):
+    name = {True: "packed", False: "plain"}  # the older spellings' kernels
+    for recorded in (True, False, None, Kernel.PACKED, Kernel.PLAIN):
         profile = {"best": tuned} | ({} if recorded is None else {"packed_weights": recorded})
         path.write_text(json.dumps(profile))
-        for packed in (True, False, None):
-            alike = recorded is None or packed is None or packed == recorded
+        for packed in (Kernel.PACKED, Kernel.PLAIN, None, True, False):
+            alike = (recorded is None or packed is None
+                     or name.get(packed, packed) == name.get(recorded, recorded))
             expected = tuned if alike else dict(DEFAULT_SHAPE)
             assert resolve_shape(model, "float32", cache_dir=cache, packed=packed) == expected
     # bench --shape auto asks with the packing it will run: float32 plain unless told to pack.
@@ -212,7 +216,8 @@ def test_packed_and_plain_weights_keep_a_profile_each(tiny) -> None:
     """Tuning packed weights, then plain ones, keeps both shapes: each is saved under its own
     name and read for its own packing; a profile of unknown packing reads the plain one."""
     cache, model = tiny["cache"] / "profile-each", str(tiny["model"])
-    shapes = {True: dict(window=1, ngram=3, guess=2), False: dict(window=3, ngram=4, guess=5)}
+    shapes = {Kernel.PACKED: dict(window=1, ngram=3, guess=2),
+              Kernel.PLAIN: dict(window=3, ngram=4, guess=5)}
     for packed, best in shapes.items():
         saved_path = saved_profile_path(
             {"model": model, "dtype": "float32", "device": "cpu", "packed_weights": packed}, cache)
@@ -223,10 +228,10 @@ def test_packed_and_plain_weights_keep_a_profile_each(tiny) -> None:
         "-float32-packed-cpu.json")
     for packed, best in shapes.items():
         assert resolve_shape(model, "float32", cache_dir=cache, packed=packed) == best
-    assert resolve_shape(model, "float32", cache_dir=cache) == shapes[False]
+    assert resolve_shape(model, "float32", cache_dir=cache) == shapes[Kernel.PLAIN]
     # Packed only: a caller who does not know the packing still gets a tuned shape.
     profile_path(model, "float32", cache_dir=cache).unlink()
-    assert resolve_shape(model, "float32", cache_dir=cache) == shapes[True]
+    assert resolve_shape(model, "float32", cache_dir=cache) == shapes[Kernel.PACKED]
     assert resolve_shape(model, "float32", cache_dir=cache, packed=False) == dict(DEFAULT_SHAPE)
 
 
@@ -336,6 +341,15 @@ def test_tune_rejects_a_bad_margin_sample_or_no_data_set(capsys) -> None:
     with pytest.raises(SystemExit):
         main(["tune", "--sample", "middle"])
     assert "argument --sample: invalid choice: 'middle'" in capsys.readouterr().err
+
+
+def test_tune_takes_the_kernels_it_can_tune_in_any_spelling() -> None:
+    assert TuneConfig(dtype="float32", packed_weights=True).packed_weights is Kernel.PACKED
+    assert TuneConfig(dtype="bfloat16", packed_weights="stream").packed_weights is Kernel.STREAM
+    # The quantized path is chosen when a GGUF model loads; the tuner loads de-quantised.
+    with pytest.raises(ValueError, match="packed_weights must be None .*'plain', 'packed', "
+                                         "'stream', .*got 'quantized'"):
+        TuneConfig(packed_weights=Kernel.QUANTIZED)
 
 
 def test_the_tuner_can_choose_a_step_cap_and_the_commands_take_it(tiny, tmp_path, capsys

@@ -12,6 +12,8 @@ from gguf import GGMLQuantizationType as Q
 from tiny_gguf import write_tiny_gguf
 
 import lookahead
+from lookahead.kernels import Kernel
+from lookahead.kernels.packing import apply_packing, packing_of
 from lookahead.kernels.quant_linear import QuantLinear
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -130,3 +132,27 @@ def test_a_row_of_a_batch_writes_what_it_writes_alone(files, tmp_path, method):
         alone = lookahead.generate(model, torch.tensor([prompt]), max_new_tokens=20,
                                    method=method)
         assert together.sequences[row, width:].tolist() == alone.sequences[0, len(prompt):].tolist()
+
+
+def test_the_kernel_names_the_quantized_path_and_packing_refuses_it(files, tmp_path):
+    path = files["llama-q4_1-q8_0"]
+    model, _ = lookahead.load_model(path, cache_dir=tmp_path, packed_weights=False)
+    assert packing_of(model) is Kernel.QUANTIZED  # False (plain) packs nothing: still quantized
+    assert apply_packing(model, None) is Kernel.QUANTIZED
+    assert apply_packing(model, Kernel.QUANTIZED) is Kernel.QUANTIZED
+    with pytest.raises(ValueError, match="packed_weights: .*quantized .*quantized=False"):
+        apply_packing(model, Kernel.PACKED)
+    # Asked for by the kernel: quantized whatever the compute dtype.
+    model, _ = lookahead.load_model(path, "float32", cache_dir=tmp_path,
+                                    packed_weights=Kernel.QUANTIZED)
+    assert packing_of(model) is Kernel.QUANTIZED
+    with pytest.raises(ValueError, match="packed_weights='quantized' .*quantized=False"):
+        lookahead.load_model(path, cache_dir=tmp_path, packed_weights="quantized",
+                             quantized=False)
+    plain, _ = lookahead.load_model(path, "float32", cache_dir=tmp_path)
+    assert packing_of(plain) is Kernel.PLAIN
+    with pytest.raises(ValueError, match="packed_weights: 'quantized' is chosen when the model "
+                                         "loads"):
+        apply_packing(plain, "quantized")
+    with pytest.raises(ValueError, match="packed_weights must be None .*got 'fast'"):
+        lookahead.load_model(path, cache_dir=tmp_path, packed_weights="fast")

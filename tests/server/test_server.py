@@ -84,7 +84,7 @@ def test_models_health_and_metrics(served, client) -> None:
     assert [m.id for m in client.models.list().data] == [MODEL]
     health = httpx.get(server.url + "/health").json()
     assert health["status"] == "ok"
-    assert health["packed_weights"] is False  # float64: nothing to pack
+    assert health["packed_weights"] == "plain"  # float64: nothing to pack
     metrics = httpx.get(server.url + "/metrics")
     assert metrics.headers["content-type"].startswith("text/plain")
     assert "lookahead_time_to_first_token_seconds" in metrics.text

@@ -23,7 +23,7 @@ import lookahead
 from lookahead.bench.report import summarise
 from lookahead.bench.runner import BenchConfig
 from lookahead.cache import cache_keyword, new_cache
-from lookahead.kernels import packing
+from lookahead.kernels import Kernel, packing
 from lookahead.kernels.packing import (BLOCK_ROWS, PackedLinear, WeightFirstLinear, apply_packing,
                                is_packed, pack_weights, packing_problem)
 
@@ -144,12 +144,12 @@ def test_only_bfloat16_and_float32_weights_are_packed(fresh_lm, dtype) -> None:
     with pytest.raises(ValueError, match="model: .*bfloat16 or float32"):
         pack_weights(model)
     with pytest.raises(ValueError, match="packed_weights: .*bfloat16 or float32"):
-        apply_packing(model, True)
-    assert apply_packing(model, None) is False  # the default: where it can be done
-    assert apply_packing(model, False) is False
+        apply_packing(model, Kernel.PACKED)
+    assert apply_packing(model, None) is Kernel.PLAIN  # the default: where it can be done
+    assert apply_packing(model, Kernel.PLAIN) is Kernel.PLAIN
     assert not is_packed(model)
     with pytest.raises(ValueError, match="packed_weights applies to dtype bfloat16 or float32"):
-        BenchConfig(dtype=str(dtype).removeprefix("torch."), packed_weights=True)
+        BenchConfig(dtype=str(dtype).removeprefix("torch."), packed_weights=Kernel.PACKED)
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen2"])
@@ -237,11 +237,11 @@ def test_packing_float32_swaps_each_linear_and_shares_its_weights(fresh_lm) -> N
 
 def test_float32_is_packed_only_when_asked_for(fresh_lm) -> None:
     model = fresh_lm("llama").to(torch.float32)
-    assert apply_packing(model, None) is False and not is_packed(model)
-    assert apply_packing(model, True) is True and is_packed(model)
-    assert apply_packing(model, None) is True  # already packed
+    assert apply_packing(model, None) is Kernel.PLAIN and not is_packed(model)
+    assert apply_packing(model, Kernel.PACKED) is Kernel.PACKED and is_packed(model)
+    assert apply_packing(model, None) is Kernel.PACKED  # already packed
     assert BenchConfig(dtype="float32").setting == "float32"
-    assert BenchConfig(dtype="float32", packed_weights=True).setting == "float32+packed"
+    assert BenchConfig(dtype="float32", packed_weights=Kernel.PACKED).setting == "float32+packed"
 
 
 def test_the_cpu_probe_says_whether_packing_works_here(fresh_lm) -> None:
@@ -262,33 +262,45 @@ def test_a_cpu_that_cannot_pack_keeps_plain_weights_unless_told_to_pack(fresh_lm
     monkeypatch.setattr(packing, "cpu_packing_problem",
                         lambda dtype=torch.bfloat16: "this CPU cannot (a test)")
     model = fresh_lm("llama").to(torch.bfloat16)
-    assert apply_packing(model, None) is False and not is_packed(model)
+    assert apply_packing(model, None) is Kernel.PLAIN and not is_packed(model)
     with pytest.raises(ValueError, match=r"packed_weights: this CPU cannot \(a test\)"):
-        apply_packing(model, True)
+        apply_packing(model, Kernel.PACKED)
     assert not is_packed(model)
     assert BenchConfig(dtype="bfloat16").setting == "bfloat16"
-    assert BenchConfig(dtype="bfloat16", packed_weights=True).setting == "bfloat16+packed"
+    assert BenchConfig(dtype="bfloat16", packed_weights=Kernel.PACKED).setting == "bfloat16+packed"
 
 
 @needs_packing
 def test_apply_packing_packs_bfloat16_by_default_and_not_when_told_not_to(fresh_lm) -> None:
     model = fresh_lm("llama").to(torch.bfloat16)
-    assert apply_packing(model, False) is False and not is_packed(model)
-    assert apply_packing(model, None) is True and is_packed(model)
+    assert apply_packing(model, Kernel.PLAIN) is Kernel.PLAIN and not is_packed(model)
+    assert apply_packing(model, None) is Kernel.PACKED and is_packed(model)
 
 
 @needs_packing
 def test_bench_packs_bfloat16_and_labels_the_setting() -> None:
     # The bundled model is a GGUF: it runs quantized unless de-quantised or packed.
     assert BenchConfig().setting == "quantized"
-    assert BenchConfig(packed_weights=True).setting == "bfloat16+packed"
-    assert BenchConfig(packed_weights=False, dequantize=True).setting == "bfloat16"
+    assert BenchConfig(packed_weights=Kernel.PACKED).setting == "bfloat16+packed"
+    assert BenchConfig(packed_weights=Kernel.PLAIN, dequantize=True).setting == "bfloat16"
+    assert BenchConfig(packed_weights=Kernel.PLAIN).setting == "quantized"  # packs nothing
+    assert BenchConfig(packed_weights=Kernel.QUANTIZED).kernel is Kernel.QUANTIZED
     assert BenchConfig(dtype="bfloat16").setting == "bfloat16+packed"
     assert BenchConfig(dtype="float32").setting == "float32"  # float32 only when asked
     plan = BenchConfig(methods=("lookahead",), baseline_dtypes=("bfloat16",),
                        dequantize=True).plan()
     assert plan == [("hf", "bfloat16+packed"), ("hf", "bfloat16"),
                     ("lookahead", "bfloat16+packed")]
+
+
+def test_bench_runs_quantized_only_where_a_gguf_model_can_and_says_so_by_name() -> None:
+    assert BenchConfig(packed_weights="quantized").setting == "quantized"
+    with pytest.raises(ValueError, match="packed_weights='quantized': the model is not a GGUF"):
+        BenchConfig(model="no/such-folder", packed_weights=Kernel.QUANTIZED)
+    with pytest.raises(ValueError, match="packed_weights='quantized': dequantize=True"):
+        BenchConfig(packed_weights=Kernel.QUANTIZED, dequantize=True)
+    with pytest.raises(ValueError, match="packed_weights must be None .*got 'yes'"):
+        BenchConfig(packed_weights="yes")
 
 
 def test_bench_summary_takes_the_best_plain_baseline_and_checks_the_packed_one() -> None:

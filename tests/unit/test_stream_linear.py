@@ -1,6 +1,7 @@
-"""The stream kernel (``lookahead.kernels.stream_linear``, ``packed_weights="stream"``): bfloat16 linears
-summed in float32, close to the exact product, with each row's result independent of the rows
-beside it; and the way the packing, the profiles and the command line choose it.
+"""The stream kernel (``lookahead.kernels.stream_linear``, ``packed_weights=Kernel.STREAM``):
+bfloat16 linears summed in float32, close to the exact product, with each row's result
+independent of the rows beside it; and the way the packing, the profiles and the command line
+choose it.
 
 The kernel is compiled on first use: without a C++ compiler or AVX-512 these tests skip, and
 say why.
@@ -17,7 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import lookahead
-from lookahead.kernels import packing
+from lookahead.kernels import Kernel, packing
 from lookahead.profiles import load_profile, profile_path
 from lookahead.cli.main import main
 from lookahead.kernels.packing import PackedLinear, StreamLinear, pack_weights, packing_of
@@ -94,10 +95,10 @@ def test_stream_packing_takes_the_layers_that_fit_and_leaves_the_rest_to_onednn(
     model = fresh_lm("llama", **{**WIDE, "intermediate_size": 400}).to(torch.bfloat16)
     prompt = torch.randint(0, 256, (1, 12), generator=torch.Generator().manual_seed(3))
     before = model(prompt).logits
-    assert pack_weights(model, packing.STREAM) == 2 * 7 + 1
+    assert pack_weights(model, Kernel.STREAM) == 2 * 7 + 1
     kinds = [type(m) for m in model.modules() if isinstance(m, (StreamLinear, PackedLinear))]
     assert kinds.count(PackedLinear) == 2 * 2 and kinds.count(StreamLinear) == 2 * 5 + 1
-    assert packing_of(model) == packing.STREAM
+    assert packing_of(model) is Kernel.STREAM
     after = model(prompt).logits
     torch.testing.assert_close(after.float(), before.float(), rtol=0.05, atol=0.05)
 
@@ -109,7 +110,7 @@ def test_prompt_lookup_on_the_stream_kernel_writes_what_its_own_generate_writes(
     # can still part the two (attention sums a pass's rows in its own order); this prompt
     # has none, so the texts must agree token for token.
     model = fresh_lm("llama", **WIDE).to(torch.bfloat16)
-    pack_weights(model, packing.STREAM)
+    pack_weights(model, Kernel.STREAM)
     prompt = torch.randint(0, 256, (1, 12), generator=torch.Generator().manual_seed(2))
     prompt = torch.cat([prompt, prompt], dim=1)  # something for the copy to find
     reference = model.generate(prompt, max_new_tokens=40, do_sample=False)
@@ -120,25 +121,26 @@ def test_prompt_lookup_on_the_stream_kernel_writes_what_its_own_generate_writes(
 
 def test_a_bad_kernel_or_dtype_for_the_stream_kernel_is_refused_by_name(fresh_lm) -> None:
     model = fresh_lm("llama", **WIDE).float()
-    with pytest.raises(ValueError, match="kernel must be one of onednn, stream, got 'fast'"):
+    with pytest.raises(ValueError, match="kernel must be .*'packed', 'stream'.*got 'fast'"):
         pack_weights(model, "fast")
     with pytest.raises(ValueError, match="model: .*stream kernel is for bfloat16"):
-        pack_weights(model, packing.STREAM)
+        pack_weights(model, Kernel.STREAM)
     with pytest.raises(ValueError, match="packed_weights='stream' applies to dtype bfloat16"):
-        packing.check_packable_dtype(packing.STREAM, torch.float32)
-    with pytest.raises(ValueError, match="packed_weights must be True, False, None or 'stream'"):
+        packing.check_packable_dtype(Kernel.STREAM, torch.float32)
+    with pytest.raises(ValueError, match="packed_weights must be None .*'stream'.*got 'yes'"):
         packing.check_packable_dtype("yes", torch.bfloat16)
 
 
 def test_stream_weights_keep_a_profile_of_their_own(tmp_path) -> None:
-    path = profile_path("m", "bfloat16", cache_dir=tmp_path, packed=packing.STREAM)
+    path = profile_path("m", "bfloat16", cache_dir=tmp_path, packed=Kernel.STREAM)
     assert path.name == "m-bfloat16-stream-cpu.json"
     path.parent.mkdir(parents=True)
     best = {"window": 2, "ngram": 4, "guess": 2}
     path.write_text(json.dumps({"best": best, "packed_weights": "stream"}), encoding="utf-8")
-    assert load_profile("m", "bfloat16", tmp_path, packed=packing.STREAM)["best"] == best
-    assert load_profile("m", "bfloat16", tmp_path, packed=True) is None  # another curve
-    assert load_profile("m", "bfloat16", tmp_path, packed=False) is None
+    assert load_profile("m", "bfloat16", tmp_path, packed=Kernel.STREAM)["best"] == best
+    assert load_profile("m", "bfloat16", tmp_path, packed="stream")["best"] == best
+    assert load_profile("m", "bfloat16", tmp_path, packed=Kernel.PACKED) is None  # another curve
+    assert load_profile("m", "bfloat16", tmp_path, packed=Kernel.PLAIN) is None
 
 
 @needs_kernel
@@ -151,7 +153,7 @@ def test_the_stream_kernel_flag_packs_for_it_and_generate_prints_text(tiny_folde
     argv = ["generate", "--model", str(tiny_folder), "--dtype", "bfloat16", "--max-new-tokens",
             "12", "hello"]
     code, out, _ = run_cli([*argv, "--stream-kernel"], capsys)
-    assert code == 0 and out.strip() and kernels == [(packing.STREAM,)]
+    assert code == 0 and out.strip() and kernels == [(Kernel.STREAM,)]
     with pytest.raises(SystemExit) as info:
         main([*argv[:3], "--dtype", "float32", *argv[5:], "--stream-kernel"])
     err = capsys.readouterr().err

@@ -24,6 +24,8 @@ from types import MappingProxyType
 from matplotlib.figure import Figure
 
 from lookahead.bench.methods import BASELINE
+from lookahead.kernels.choice import Kernel
+from lookahead.profiles import recorded_kernel
 
 # One colour per method, in every figure (matplotlib's tab10 colours).
 METHOD_COLOURS: Mapping[str, str] = MappingProxyType({
@@ -73,9 +75,12 @@ def machine_label(environment: Mapping | None) -> str:
 
 
 def weights_label(setting: str) -> str:
-    """"bfloat16+stream" -> "bfloat16, stream kernel"; "bfloat16" -> "bfloat16, plain"."""
+    """"bfloat16+stream" -> "bfloat16, stream kernel"; "bfloat16" -> "bfloat16, plain";
+    "quantized" -> "quantized" (GGUF blocks, whatever the compute dtype)."""
+    if setting == Kernel.QUANTIZED.value:
+        return setting
     dtype, _, packing = setting.partition("+")
-    kind = {"": "plain", "packed": "packed", "stream": "stream kernel"}.get(packing, packing)
+    kind = {"": "plain", Kernel.STREAM.value: "stream kernel"}.get(packing, packing)
     return f"{dtype}, {kind}"
 
 
@@ -196,8 +201,9 @@ def plot_cost_curve(profile: dict, path: str | Path) -> Path:
     axes.set_ylim(bottom=0)
     cpu = (profile.get("environment") or {}).get("processor")
     where = cpu or f"{profile['device']} ({profile.get('cpu', 'ISA not recorded')})"
-    packing = profile.get("packed_weights")
-    weights = {"stream": "stream kernel", True: "packed"}.get(packing, "plain")
+    # A profile names its kernel; an older one wrote true, false or null (plain).
+    kernel = recorded_kernel(profile) or Kernel.PLAIN
+    weights = "stream kernel" if kernel is Kernel.STREAM else str(kernel)
     axes.set_title(f"Forward-pass cost: {profile['model']} {profile['dtype']}, {weights}\n"
                    f"{where}, {profile['threads']} threads", fontsize=9)
     axes.legend(fontsize=8)

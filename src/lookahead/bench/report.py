@@ -9,8 +9,9 @@ The results dict (also written as ``results.json``)::
     }
 
 A summary row describes one (method, dtype) on one data set. Its "dtype" names the weights
-a method ran on: a dtype, with "+packed" for packed linear layers (``lookahead.kernels.packing``),
-"+stream" for the stream kernel (``lookahead.kernels.stream_linear``).
+a method ran on (:func:`setting_label`): a dtype, with "+packed" for packed linear layers
+(``lookahead.kernels.packing``), "+stream" for the stream kernel
+(``lookahead.kernels.stream_linear``); "quantized" for a GGUF model's quantized layers.
 
 * ``tokens_per_second``: all new tokens / all seconds (prefill included, as a user waits it);
 * ``speedup``: over HF ``generate`` greedy on the same weights (the baseline);
@@ -31,18 +32,28 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from lookahead.bench.methods import BASELINE
+from lookahead.kernels.choice import Kernel
 
 ALL = "all"
-# Appended to a dtype to label packed weights, e.g. "bfloat16+packed".
-PACKED = "+packed"
-STREAM = "+stream"  # the stream kernel (lookahead.kernels.stream_linear)
 
 
-def weights_of(setting: str) -> tuple[str, bool | str]:
-    """A setting's label split into (dtype, ``packed_weights``): "bfloat16+stream" ->
-    ("bfloat16", "stream"), "bfloat16+packed" -> ("bfloat16", True)."""
+def setting_label(dtype: str, kernel: Kernel) -> str:
+    """The label of weights in ``dtype`` on ``kernel``: "bfloat16+packed", "bfloat16+stream",
+    "bfloat16" (plain); a quantized model's is "quantized" whatever its compute dtype."""
+    if kernel is Kernel.QUANTIZED:
+        return Kernel.QUANTIZED.value
+    return f"{dtype}+{kernel.value}" if kernel.packs else dtype
+
+
+def weights_of(setting: str) -> tuple[str, Kernel]:
+    """A setting's label (:func:`setting_label`) split into (dtype, kernel): "bfloat16+stream"
+    -> ("bfloat16", STREAM), "bfloat16+packed" -> ("bfloat16", PACKED), "float32" ->
+    ("float32", PLAIN), "quantized" -> ("quantized", QUANTIZED). Old results files use the
+    same labels."""
+    if setting == Kernel.QUANTIZED.value:
+        return setting, Kernel.QUANTIZED
     dtype, _, packing = setting.partition("+")
-    return dtype, (packing if packing == STREAM[1:] else bool(packing))
+    return dtype, Kernel(packing) if packing else Kernel.PLAIN
 
 
 def summarise(config: dict, records: list[dict]) -> dict:
@@ -72,7 +83,7 @@ def _summarise_group(records: list[dict]) -> list[dict]:
     reference = {
         row["dtype"]: row["tokens_per_second"] for row in rows if row["method"] == BASELINE
     }
-    plain = {dtype: tps for dtype, tps in reference.items() if not weights_of(dtype)[1]}
+    plain = {dtype: tps for dtype, tps in reference.items() if not weights_of(dtype)[1].packs}
     best = max(plain.values(), default=0.0)
     best_dtype = max(plain, key=plain.get) if plain else None
     for row in rows:

@@ -38,15 +38,15 @@ from lookahead.bench.methods import (
     MethodOptions,
     measure,
 )
-from lookahead.bench.report import PACKED, STREAM, summarise, weights_of
+from lookahead.bench.report import setting_label, summarise, weights_of
 from lookahead.config import check_int
 from lookahead.bench.datasets import BUNDLED_DATASETS, encode_prompt, load_prompts
 from lookahead.sources.datastore import Datastore, load_datastore
 from lookahead.sources.memory import MEMORY_METHODS, TextMemory
 from lookahead.models.load import load_model
 from lookahead.models.load import is_gguf_source
-from lookahead.models.registry import (AUTO_DTYPE, DEFAULT_MODEL, QUANTIZED, dtype_name,
-                                       resolve_dtype)
+from lookahead.kernels.choice import Kernel, as_kernel
+from lookahead.models.registry import AUTO_DTYPE, DEFAULT_MODEL, dtype_name, resolve_dtype
 
 logger = logging.getLogger(__name__)
 
@@ -67,9 +67,12 @@ class BenchConfig:
         The baseline ``hf`` always runs in ``dtype``; it also runs in each ``baseline_dtypes``
         (with plain weights) so that speed-ups can be given against the fastest plain setting.
     datasets: bundled names ("humaneval", "mtbench", "gsm8k") or JSONL paths.
-    packed_weights: run the methods on a model with packed weights (``lookahead.kernels.packing``),
-        bfloat16 or float32; None packs in bfloat16 where this CPU can. The setting is then
-        labelled e.g. "bfloat16+packed", and ``hf`` runs there too.
+    packed_weights: the kernel of the linear layers the methods run on (a ``Kernel``, or a
+        spelling ``as_kernel`` reads: True, False, "stream"): ``PACKED`` (``STREAM``) packs
+        bfloat16 or float32 (bfloat16) weights (``lookahead.kernels.packing``), ``PLAIN`` never;
+        None packs in bfloat16 where this CPU can. The setting is then labelled e.g.
+        "bfloat16+packed", and ``hf`` runs there too. ``QUANTIZED`` runs a GGUF model quantized
+        (as dtype "auto" does by default), setting "quantized".
     """
 
     model: str = DEFAULT_MODEL
@@ -83,9 +86,10 @@ class BenchConfig:
     options: MethodOptions = field(default_factory=MethodOptions)
     warmup: bool = True
     cache_dir: str | None = None
-    packed_weights: bool | str | None = None
+    packed_weights: Kernel | None = None
     device: str | None = None  # where the models run (None: the CPU)
     # A GGUF model with dtype "auto" runs quantized (setting "quantized"); True de-quantises.
+    # (dtype is then the label "quantized", the kernel's name, and the setting.)
     dequantize: bool = False
 
     def __post_init__(self) -> None:
@@ -97,7 +101,8 @@ class BenchConfig:
         labels = [_label(name) for name in self.datasets]
         if len(set(labels)) != len(labels):
             raise ValueError(f"datasets must have distinct names, got {list(self.datasets)}")
-        object.__setattr__(self, "dtype", QUANTIZED if self._quantized() else
+        object.__setattr__(self, "packed_weights", as_kernel(self.packed_weights))
+        object.__setattr__(self, "dtype", Kernel.QUANTIZED.value if self._quantized() else
                            dtype_name(self.dtype))
         object.__setattr__(
             self, "baseline_dtypes", tuple(dict.fromkeys(map(dtype_name, self.baseline_dtypes)))
@@ -108,29 +113,36 @@ class BenchConfig:
         needing = [m for m in self.methods or () if m in NEEDS_DRAFT]
         if needing and self.draft_model is None:
             raise ValueError(f"method(s) {needing} need a draft model: pass --draft-model NAME")
-        if self.dtype != QUANTIZED:
+        if self.dtype != Kernel.QUANTIZED:
             packing.check_packable_dtype(self.packed_weights, resolve_dtype(self.dtype))
 
     def _quantized(self) -> bool:
-        """Whether the methods run on the quantized path (see ``load_model``'s quantized)."""
-        return (self.dtype in (AUTO_DTYPE, QUANTIZED) and not self.dequantize
-                and not self.packed_weights and self.device in (None, "cpu")
-                and is_gguf_source(self.model))
+        """Whether the methods run on the quantized path (see ``load_model``'s quantized);
+        ``packed_weights=QUANTIZED`` where that cannot be is a ValueError naming it."""
+        wanted = self.packed_weights is Kernel.QUANTIZED
+        problem = None if is_gguf_source(self.model) else "the model is not a GGUF file"
+        if self.device not in (None, "cpu"):
+            problem = f"the quantized kernel runs on the CPU, not {self.device}"
+        if wanted and (problem or self.dequantize):
+            raise ValueError(f"packed_weights={Kernel.QUANTIZED.value!r}: "
+                             f"{problem or 'dequantize=True de-quantises'}")
+        return wanted or (self.dtype in (AUTO_DTYPE, Kernel.QUANTIZED) and not self.dequantize
+                          and not (self.packed_weights is not None
+                                   and self.packed_weights.packs)
+                          and problem is None)
 
     @property
-    def packs(self) -> bool | str:
-        """Whether the methods run on packed weights ("stream": on the stream kernel)."""
-        if self.dtype == QUANTIZED:
-            return False
-        return packing.will_pack(resolve_dtype(self.dtype), self.packed_weights)
+    def kernel(self) -> Kernel:
+        """The kernel the methods' linear layers run on."""
+        if self.dtype == Kernel.QUANTIZED:
+            return Kernel.QUANTIZED
+        return packing.resolve_kernel(resolve_dtype(self.dtype), self.packed_weights)
 
     @property
     def setting(self) -> str:
         """The label of the weights the methods run on: ``dtype``, plus "+packed" or
-        "+stream"."""
-        if self.packs == packing.STREAM:
-            return self.dtype + STREAM
-        return self.dtype + PACKED if self.packs else self.dtype
+        "+stream"; "quantized" on the quantized path (``report.setting_label``)."""
+        return setting_label(self.dtype, self.kernel)
 
     @property
     def run_methods(self) -> tuple[str, ...]:
@@ -231,8 +243,8 @@ def _record(dataset, prompt_id, method, dtype, input_ids, result) -> dict:
 
 def _dtype_args(dtype: str) -> dict:
     """``load_model``'s dtype and quantized arguments for a setting's dtype label."""
-    return {"dtype": AUTO_DTYPE if dtype == QUANTIZED else dtype,
-            "quantized": dtype == QUANTIZED}
+    return {"dtype": AUTO_DTYPE if dtype == Kernel.QUANTIZED else dtype,
+            "quantized": dtype == Kernel.QUANTIZED}
 
 
 def _load(config: BenchConfig) -> _Loaded:
@@ -251,7 +263,7 @@ def _load(config: BenchConfig) -> _Loaded:
     if config.draft_model is not None and set(config.run_methods) & set(NEEDS_DRAFT):
         draft, _ = load_model(config.draft_model, **_dtype_args(config.dtype),
                               cache_dir=config.cache_dir,
-                              packed_weights=config.packs, device=config.device)
+                              packed_weights=config.kernel, device=config.device)
         check_draft_model(models[config.setting], draft)  # same vocabulary, before any timing
     pad = getattr(tokenizer, "pad_token_id", None)
     if pad is None:

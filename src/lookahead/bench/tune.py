@@ -20,11 +20,11 @@ more and accepts more. Which trade wins depends on the machine. The tuner:
    the default's, prompt by prompt -- but keeps the default shape unless another is predicted
    faster by more than ``margin`` (a smaller lead is within the noise), no slower on any one
    data set, and faster on most sample prompts (see ``choose_shape``);
-4. saves a profile ``<cache>/profiles/<model>-<dtype>[-packed]-<device>.json`` and a PNG of the
-   curve. Packed and plain weights keep a profile each: packing changes the curve, and so the
-   best shape.
+4. saves a profile ``<cache>/profiles/<model>-<dtype>[-packed|-stream]-<device>.json`` and a PNG
+   of the curve. Each kernel of the linear layers (plain, packed, stream) keeps a profile:
+   the kernel changes the curve, and so the best shape.
 
-``lookahead.profiles.resolve_shape(model, dtype, packed=...)`` then gives the saved best shape
+``lookahead.profiles.resolve_shape(model, dtype, packed=Kernel...)`` then gives the saved best shape
 (or ``DEFAULT_SHAPE``); ``lookahead.generate(..., window="auto")`` and the commands, when no
 window is given, use it. The curve's measuring and pricing live in ``bench.cost_curve``, the
 shapes tried and the rule that keeps one in ``bench.shape_search``.
@@ -78,6 +78,7 @@ from lookahead.bench.shape_search import (
     shape_runs,
 )
 from lookahead.config import LookaheadConfig, check_int, check_workload
+from lookahead.kernels.choice import Kernel, as_kernel
 from lookahead.kernels.packing import apply_packing, check_packable_dtype
 from lookahead.models.load import load_model
 from lookahead.models.registry import (
@@ -115,16 +116,18 @@ class TuneConfig:
     predicted faster by more than this fraction (and no slower on any data set, and faster on
     most prompts; see ``choose_shape``). ``workload``: save the
     profile under this name (one kind of text, e.g. "code"), not as the model's general one.
-    ``packed_weights``: tune on packed weights (``lookahead.kernels.packing``) as the commands run
-    them: True, False, or None where the model allows it. ``datastore``: the shapes also copy
-    from this corpus ("stdlib", "python" or a file or folder of text, see ``load_datastore``),
-    as the commands run with ``--datastore``: the copies it adds are forward tokens too, and can
-    move the best shape. ``cost_scales``: each shape runs at the curve's token cost times
-    each of these, so that the token cost is chosen with the shape (the curve's one slope can
-    under- or overstate what the tokens a step feeds cost; see ``shape_runs``). ``step_caps``:
-    each shape also runs with each of these caps on the tokens a step feeds
-    (``max_step_tokens``; None: no cap), so that the cap is chosen with the shape: the curve
-    bends, and where 8 tokens cost far more than 6 a capped step can be the faster one."""
+    ``packed_weights``: the kernel of the linear layers to tune on, as the commands run them
+    (``Kernel.PLAIN``, ``PACKED``, ``STREAM``, or a spelling ``as_kernel`` reads: True,
+    False, "stream"), or None: packed where the model allows it (``apply_packing``).
+    ``datastore``: the shapes also copy from this corpus ("stdlib", "python" or a file or folder
+    of text, see ``load_datastore``), as the commands run with ``--datastore``: the copies it
+    adds are forward tokens too, and can move the best shape. ``cost_scales``: each shape runs
+    at the curve's token cost times each of these, so that the token cost is chosen with the
+    shape (the curve's one slope can under- or overstate what the tokens a step feeds cost; see
+    ``shape_runs``). ``step_caps``: each shape also runs with each of these caps on the tokens a
+    step feeds (``max_step_tokens``; None: no cap), so that the cap is chosen with the shape:
+    the curve bends, and where 8 tokens cost far more than 6 a capped step can be the faster
+    one."""
 
     model: str = DEFAULT_MODEL
     dtype: str = AUTO_DTYPE
@@ -139,7 +142,7 @@ class TuneConfig:
     margin: float = 0.03
     cache_dir: str | None = None
     workload: str | None = None
-    packed_weights: bool | str | None = None
+    packed_weights: Kernel | None = None
     datastore: str | None = None
     cost_scales: tuple[float, ...] = (1.0,)
     step_caps: tuple[int | None, ...] = (None,)
@@ -163,7 +166,10 @@ class TuneConfig:
             check_spec(self.datastore)  # before the model loads
         if self.workload is not None:
             check_workload(self.workload)
-        check_packable_dtype(self.packed_weights, resolve_dtype(self.dtype))
+        kernel = as_kernel(self.packed_weights, "packed_weights",
+                           (Kernel.PLAIN, Kernel.PACKED, Kernel.STREAM))
+        object.__setattr__(self, "packed_weights", kernel)
+        check_packable_dtype(kernel, resolve_dtype(self.dtype))
         if not self.tokens:
             raise ValueError("tokens must list at least one forward size")
         for k in self.tokens:
@@ -307,7 +313,7 @@ def _measure(model, prompts: Mapping[str, list[torch.Tensor]], config: TuneConfi
     return curves, token_cost, rows
 
 
-def _setting(config: TuneConfig, model, packed: bool | str, samples: Mapping[str, list[Prompt]]
+def _setting(config: TuneConfig, model, packed: Kernel, samples: Mapping[str, list[Prompt]]
              ) -> dict:
     """What a profile was measured on: model, dtype, device, CPU, versions, sample prompts."""
     return dict(

@@ -12,11 +12,12 @@ import logging
 
 import torch
 
-from lookahead.cli.options import DTYPE_HELP, add_model_args, dtype_name, workload_arg
+from lookahead.cli.options import (DTYPE_HELP, add_kernel_args, add_model_args, dtype_name,
+                                   workload_arg)
 from lookahead.argtypes import int_in
 from lookahead.config import MAX_GUESS, MAX_NGRAM, MAX_WINDOW
 from lookahead.models.registry import AUTO_DTYPE, resolve_dtype
-from lookahead.kernels.packing import will_pack
+from lookahead.kernels.packing import resolve_kernel
 
 logger = logging.getLogger(__name__)
 
@@ -97,16 +98,15 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
 
 def add_comparison_arguments(parser: argparse.ArgumentParser) -> None:
     """The arguments of the scripts in ``benchmarks/`` that compare runs prompt by prompt:
-    --model, --dtype, --datasets, --limit, --max-new-tokens, --threads, --[no-]packed-weights."""
+    --model, --dtype, --datasets, --limit, --max-new-tokens, --threads, --[no-]packed-weights,
+    --stream-kernel."""
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--dtype", type=dtype_name, default=AUTO_DTYPE, help=DTYPE_HELP)
     parser.add_argument("--datasets", type=comma_list(), default=("humaneval", "mtbench", "gsm8k"))
     parser.add_argument("--limit", type=positive_int, default=5, help="prompts per data set")
     parser.add_argument("--max-new-tokens", type=positive_int, default=256)
     parser.add_argument("--threads", type=positive_int, help="torch threads (default: torch's)")
-    parser.add_argument("--packed-weights", action=argparse.BooleanOptionalAction,
-                        help="pack the linear layers (default: as the commands "
-                        "do, bfloat16 where the CPU can pack it; float32 only when asked)")
+    add_kernel_args(parser)
 
 
 def add_shape_arguments(parser: argparse.ArgumentParser) -> None:
@@ -137,7 +137,7 @@ def shape_from_args(args: argparse.Namespace) -> dict[str, int]:
     from lookahead.profiles import resolve_shape
 
     if args.shape in (None, "auto"):
-        packed = will_pack(resolve_dtype(args.dtype), args.packed_weights)
+        packed = resolve_kernel(resolve_dtype(args.dtype), args.packed_weights)
         shape = resolve_shape(args.model, args.dtype, cache_dir=args.cache_dir,
                               workload=args.workload, packed=packed)
     elif args.workload is not None:

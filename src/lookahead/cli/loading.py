@@ -18,7 +18,7 @@ import torch
 from lookahead.api import check_draft_model
 from lookahead.argtypes import UsageError
 from lookahead.cli.options import method_options
-from lookahead.kernels import packing
+from lookahead.kernels import Kernel, packing
 from lookahead.devices import resolve_device
 from lookahead.models.load import load_model
 from lookahead.models.registry import ModelNotAvailableError, resolve_dtype
@@ -49,7 +49,7 @@ def load(args: argparse.Namespace) -> Loaded:
         from transformers.utils import logging as transformers_logging
 
         transformers_logging.disable_progress_bar()
-    packed = getattr(args, "packed_weights", False)
+    packed = getattr(args, "packed_weights", Kernel.PLAIN)
     device = device_arg(args)
     dequantize = getattr(args, "dequantize", False)
     model, tokenizer = load_named("--model", args.model, args.dtype, packed, device, dequantize)
@@ -79,16 +79,18 @@ def device_arg(args: argparse.Namespace) -> Any:
         raise UsageError("--device", str(error).removeprefix("--device ")) from None
 
 
-def load_named(option: str, name: str, dtype: str, packed: bool | str | None = False,
+def load_named(option: str, name: str, dtype: str, packed: Kernel | None = Kernel.PLAIN,
                device: Any = None, dequantize: bool = False) -> tuple[Any, Any]:
     """``lookahead.load_model(name, dtype, device=device)``; an unknown name or path is a
     ``UsageError``.
 
-    ``packed``: pack the weights (``--packed-weights``), not (False), or where the model
-    allows it (None, the CLI's default). A GGUF model stays quantized unless ``dequantize``
-    (``--dequantize``) or ``packed`` (packing is for de-quantised weights) says otherwise.
+    ``packed``: the kernel the flags ask for (``args.packed_weights``): ``PACKED``
+    (``--packed-weights``), ``STREAM`` (``--stream-kernel``), ``PLAIN`` (not packed), or None
+    (the CLI's default: packed where the model allows it). A GGUF model stays quantized unless
+    ``dequantize`` (``--dequantize``) or a packing kernel (packing is for de-quantised
+    weights) says otherwise.
     """
-    quantized = False if dequantize or packed else None
+    quantized = False if dequantize or (packed is not None and packed.packs) else None
     try:
         model, tokenizer = load_model(name, dtype=dtype, device=device, quantized=quantized)
     except ModelNotAvailableError:
@@ -99,19 +101,20 @@ def load_named(option: str, name: str, dtype: str, packed: bool | str | None = F
     return model, tokenizer
 
 
-def apply_packing(model: Any, packed: bool | str | None) -> bool | str:
+def apply_packing(model: Any, packed: Kernel | None) -> Kernel:
     """``lookahead.kernels.packing.apply_packing``; a model that cannot be packed when
     ``--packed-weights`` (or ``--stream-kernel``) asks for it is a ``UsageError`` naming the
     flag."""
-    problem = packing.packing_problem(model, packed) if packed else None
+    asked = packed is not None and packed.packs
+    problem = packing.packing_problem(model, packed) if asked else None
     if problem is not None:
         raise UsageError(packing_flag(packed), problem)
     return packing.apply_packing(model, packed)
 
 
-def packing_flag(packed: bool | str | None) -> str:
+def packing_flag(packed: Kernel | None) -> str:
     """The flag that asked for ``packed`` (``args.packed_weights``)."""
-    return "--stream-kernel" if packed == packing.STREAM else "--packed-weights"
+    return "--stream-kernel" if packed is Kernel.STREAM else "--packed-weights"
 
 
 def check_packing_dtype(args: argparse.Namespace) -> None:

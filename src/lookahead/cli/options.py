@@ -31,7 +31,7 @@ from lookahead.config import (
     SAMPLING_OPTIONS,
     check_workload,
 )
-from lookahead.kernels import STREAM
+from lookahead.kernels import Kernel
 from lookahead.models.registry import AUTO_DTYPE, DEFAULT_MODEL, ModelNotAvailableError
 from lookahead.models.registry import dtype_name as canonical_dtype_name
 from lookahead.sources.datastore import check_spec
@@ -127,9 +127,18 @@ def add_model_args(parser: argparse.ArgumentParser, *, default: str | None = DEF
         metavar="N",
         help="CPU threads for PyTorch (default: PyTorch's choice)",
     )
+    add_kernel_args(group)
+
+
+def add_kernel_args(group) -> None:
+    """``--packed-weights``, ``--no-packed-weights`` and ``--stream-kernel``: one value,
+    ``args.packed_weights``, a ``Kernel`` (``PACKED``, ``PLAIN``, ``STREAM``) or None (not
+    given: packed where that keeps every sum)."""
     group.add_argument(
         "--packed-weights",
-        action=argparse.BooleanOptionalAction,
+        dest="packed_weights",
+        action="store_const",
+        const=Kernel.PACKED,
         default=None,
         help="swap the linear layers for faster ones on a CPU: bfloat16 weights laid out once "
         "for oneDNN, the same sums; float32 products taken weight first, sums that differ in "
@@ -137,10 +146,17 @@ def add_model_args(parser: argparse.ArgumentParser, *, default: str | None = DEF
         "off for float32)",
     )
     group.add_argument(
+        "--no-packed-weights",
+        dest="packed_weights",
+        action="store_const",
+        const=Kernel.PLAIN,
+        help="keep the linear layers as loaded (plain torch weights)",
+    )
+    group.add_argument(
         "--stream-kernel",
         dest="packed_weights",
         action="store_const",
-        const=STREAM,
+        const=Kernel.STREAM,
         help="pack bfloat16 linears for the stream kernel (compiled on first use), summed in "
         "float32: sums that differ in the last bits, and passes of up to 8 tokens for about "
         "the cost of one (12 for under 1.5x) on an AVX-512 CPU without AMX",

@@ -1,5 +1,6 @@
 """How a model's linear layers and attention run on the CPU.
 
+``choice``             ``Kernel``: which kernel runs the linear layers, as one value (no torch)
 ``packing``            choosing and applying a weight layout for the linear layers
 ``stream_linear``      bfloat16 weights summed in float32 by the compiled ``csrc/stream_linear.cpp``
 ``quant_formats``      GGUF blocks (Q4_0, Q4_1, Q8_0, Q4_K, Q6_K): parsing, repacking, reference
@@ -9,6 +10,7 @@
 ``invariant_attention`` attention whose rows do not depend on the rest of the pass (float32)
 """
 
-# ``packed_weights="stream"``: bfloat16 linears on the stream kernel (``stream_linear``); here,
-# not in ``packing``, so that the command line's parsers can name it without loading torch.
-STREAM = "stream"
+# Here, so that the command line's parsers can name the choices without loading torch.
+from lookahead.kernels.choice import Kernel, as_kernel
+
+__all__ = ["Kernel", "as_kernel"]

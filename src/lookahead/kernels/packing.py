@@ -21,7 +21,7 @@ plain. Both sum in another order than plain float32, so the logits differ in the
 the same kind of difference, and of about the same size, as plain float32's own between
 feeding tokens in one pass and one by one, which every verifying decoder lives with (on
 SmolLM2-135M's logits, 8.2e-5 packed against plain, and 8.2e-5 plain against itself). So
-float32 is swapped only when asked for (``packed_weights=True``); the default changes no
+float32 is swapped only when asked for (``packed_weights=Kernel.PACKED``); the default changes no
 float32 sum.
 
 Bfloat16 packing needs a CPU whose bfloat16 products oneDNN can run from a packed layout
@@ -35,14 +35,18 @@ The weights left unpacked are copied off the model file's memory map, so that th
 whole file) can be released: packed, Qwen2.5-Coder-1.5B's process holds 4.1 GB, not 6.7 GB.
 
 On an AVX-512 CPU without AMX, oneDNN's bfloat16 product is bound by arithmetic for passes of
-a few tokens; ``packed_weights="stream"`` swaps the bfloat16 linears for
+a few tokens; ``packed_weights=Kernel.STREAM`` swaps the bfloat16 linears for
 :class:`lookahead.kernels.stream_linear.StreamLinear` instead, which sums in float32 (the last bits
 change, as packed float32's do) at about the cost of one token for up to 8, and under 1.5x
 that for 12.
 
+Which of these a model runs on is one value, :class:`lookahead.kernels.choice.Kernel`
+(``PLAIN``, ``PACKED``, ``STREAM``; ``QUANTIZED`` for a GGUF model's quantized layers),
+None where the choice is left to :func:`apply_packing`.
+
 Example::
 
-    model, tokenizer = lookahead.load_model("qwen2.5-coder-1.5b", packed_weights=True)
+    model, tokenizer = lookahead.load_model("qwen2.5-coder-1.5b", packed_weights=Kernel.PACKED)
     # or, on a model already loaded:  lookahead.pack_weights(model)
 """
 
@@ -52,7 +56,8 @@ import logging
 
 import torch
 
-from lookahead.kernels import STREAM
+from lookahead.kernels.choice import Kernel, as_kernel
+from lookahead.kernels.quant_linear import QuantLinear
 from lookahead.kernels.stream_linear import (StreamLinear, fits_stream_kernel, load_stream_kernel,
                                      stream_kernel_problem)
 
@@ -62,7 +67,8 @@ logger = logging.getLogger(__name__)
 # measured the layout was the same for 1, 8 and 32, and so was the speed at every size.
 _BATCH_HINT = 1
 
-KERNELS = ("onednn", STREAM)
+# The kernels pack_weights swaps linear layers for.
+KERNELS = (Kernel.PACKED, Kernel.STREAM)
 
 # The weight dtypes that can be packed, and those packed by default: in bfloat16 the plain
 # product is oneDNN's own, so packing keeps every sum; in float32 the products sum in another
@@ -156,12 +162,16 @@ def is_packed(model: torch.nn.Module) -> bool:
                for m in model.modules())
 
 
-def packing_of(model: torch.nn.Module) -> bool | str:
-    """How ``model``'s weights are packed: ``"stream"`` (the stream kernel), True (oneDNN's
-    layout or weight first) or False; the value ``packed_weights`` takes."""
-    if any(isinstance(m, StreamLinear) for m in model.modules()):
-        return STREAM
-    return is_packed(model)
+def packing_of(model: torch.nn.Module) -> Kernel:
+    """The kernel ``model``'s linear layers run on: ``STREAM`` (any on the stream kernel),
+    ``QUANTIZED`` (any kept as GGUF blocks), ``PACKED`` (oneDNN's layout or weight first) or
+    ``PLAIN``."""
+    kinds = {type(m) for m in model.modules()}
+    if StreamLinear in kinds:
+        return Kernel.STREAM
+    if QuantLinear in kinds:
+        return Kernel.QUANTIZED
+    return Kernel.PACKED if kinds & {PackedLinear, WeightFirstLinear} else Kernel.PLAIN
 
 
 def linear_dtype(model: torch.nn.Module) -> torch.dtype | None:
@@ -170,8 +180,14 @@ def linear_dtype(model: torch.nn.Module) -> torch.dtype | None:
     return dtypes.pop() if len(dtypes) == 1 else None
 
 
-def packing_problem(model: torch.nn.Module, packed: bool | str | None = True) -> str | None:
-    """Why ``model`` cannot have its weights packed as ``packed`` says, or None when it can."""
+def packing_problem(model: torch.nn.Module, packed: Kernel | bool | str | None = Kernel.PACKED
+                    ) -> str | None:
+    """Why ``model`` cannot have its weights packed for the kernel ``packed`` (``PACKED``,
+    None alike; ``STREAM``; the older spellings ``as_kernel`` reads), or None when it can."""
+    kernel = as_kernel(packed, "packed", (*KERNELS, Kernel.PLAIN))
+    if packing_of(model) is Kernel.QUANTIZED:
+        return ("the model's linear layers are quantized (GGUF blocks); packing is for "
+                "de-quantised weights (load it with quantized=False)")
     linears = [m for m in model.modules() if type(m) is torch.nn.Linear]
     devices = {m.weight.device.type for m in linears}
     if devices - {"cpu"}:
@@ -183,25 +199,23 @@ def packing_problem(model: torch.nn.Module, packed: bool | str | None = True) ->
         names = sorted({str(m.weight.dtype).removeprefix("torch.") for m in linears})
         return (f"packed weights are bfloat16 or float32; the model's linear weights are "
                 f"{', '.join(names)} (load it with dtype='bfloat16' or 'float32')")
-    if packed == STREAM:
+    if kernel is Kernel.STREAM:
         if dtype != torch.bfloat16:
             return "the stream kernel is for bfloat16 weights (load the model in bfloat16)"
         return stream_kernel_problem() or cpu_packing_problem(dtype)
     return cpu_packing_problem(dtype)
 
 
-def check_packable_dtype(packed_weights: bool | str | None, dtype: torch.dtype) -> None:
-    """Raise ValueError naming ``packed_weights`` when it is not True, False, None or
-    ``"stream"``, or asks to pack a ``dtype`` that cannot be packed so; the CPU is asked only
-    when the model is packed."""
+def check_packable_dtype(packed_weights: Kernel | None, dtype: torch.dtype) -> None:
+    """Raise ValueError naming ``packed_weights`` when it packs (``PACKED``, ``STREAM``) a
+    ``dtype`` that cannot be packed so; the CPU is asked only when the model is packed.
+    ``packed_weights`` is a ``Kernel`` or None, or a spelling ``as_kernel`` reads."""
     name = str(dtype).removeprefix("torch.")
-    if packed_weights not in (None, False, True, STREAM):
-        raise ValueError(f"packed_weights must be True, False, None or {STREAM!r}, "
-                         f"got {packed_weights!r}")
-    if packed_weights and dtype not in PACKABLE:
+    kernel = as_kernel(packed_weights, "packed_weights")
+    if kernel is not None and kernel.packs and dtype not in PACKABLE:
         raise ValueError(f"packed_weights applies to dtype bfloat16 or float32, got {name}")
-    if packed_weights == STREAM and dtype != torch.bfloat16:
-        raise ValueError(f"packed_weights={STREAM!r} applies to dtype bfloat16, got {name}")
+    if kernel is Kernel.STREAM and dtype != torch.bfloat16:
+        raise ValueError(f"packed_weights={kernel.value!r} applies to dtype bfloat16, got {name}")
 
 
 def cpu_packing_problem(dtype: torch.dtype = torch.bfloat16) -> str | None:
@@ -224,22 +238,22 @@ def cpu_packing_problem(dtype: torch.dtype = torch.bfloat16) -> str | None:
     return None
 
 
-def pack_weights(model: torch.nn.Module, kernel: str = "onednn") -> int:
+def pack_weights(model: torch.nn.Module, kernel: Kernel | str = Kernel.PACKED) -> int:
     """Swap each ``torch.nn.Linear`` of ``model`` (on the CPU) for a :class:`PackedLinear` in
     bfloat16 or a :class:`WeightFirstLinear` in float32, in place; return how many were
     swapped (0 when already packed). In float32 the sums change in the last bits (see the
-    module's docstring). ``kernel="stream"``: bfloat16 layers go to the stream kernel
+    module's docstring). ``kernel=Kernel.STREAM``: bfloat16 layers go to the stream kernel
     (:class:`lookahead.kernels.stream_linear.StreamLinear`; those of a shape it does not take, to
-    oneDNN), whose sums change in the last bits too.
+    oneDNN), whose sums change in the last bits too. ``kernel`` may also be spelled "packed"
+    (or "onednn", as it once was) or "stream"; None is ``PACKED``.
 
     Raises:
         ValueError: naming ``kernel`` when it is not one of ``KERNELS``; naming ``model`` when
             it is not on the CPU, not in bfloat16 or float32, or this PyTorch or CPU cannot run
             the products asked for.
     """
-    if kernel not in KERNELS:
-        raise ValueError(f"kernel must be one of {', '.join(KERNELS)}, got {kernel!r}")
-    problem = packing_problem(model, STREAM if kernel == STREAM else True)
+    kernel = as_kernel(kernel, "kernel", KERNELS) or Kernel.PACKED
+    problem = packing_problem(model, kernel)
     if problem is not None:
         raise ValueError(f"model: cannot pack its weights: {problem}")
     dtype = linear_dtype(model)
@@ -256,16 +270,11 @@ def pack_weights(model: torch.nn.Module, kernel: str = "onednn") -> int:
     return swapped
 
 
-def kernel_for(packed_weights: bool | str | None) -> str:
-    """The ``pack_weights`` kernel a ``packed_weights`` value asks for."""
-    return STREAM if packed_weights == STREAM else "onednn"
-
-
-def _layer_maker(dtype: torch.dtype | None, kernel: str):
+def _layer_maker(dtype: torch.dtype | None, kernel: Kernel):
     """The function that makes a packed layer from a ``torch.nn.Linear`` of ``dtype``."""
     if dtype == torch.float32:
         return WeightFirstLinear
-    if kernel != STREAM:
+    if kernel is not Kernel.STREAM:
         return PackedLinear
     compiled = load_stream_kernel()
     return lambda linear: (StreamLinear(linear, compiled) if fits_stream_kernel(linear)
@@ -291,31 +300,43 @@ def _own_remaining_weights(model: torch.nn.Module) -> None:
                 module._buffers[name] = buffer.clone()
 
 
-def will_pack(dtype: torch.dtype | None, packed: bool | str | None) -> bool | str:
-    """Whether the commands pack weights of ``dtype`` given ``packed`` (``--[no-]packed-weights``,
-    ``"stream"`` for ``--stream-kernel``; None: by default, where that keeps every sum:
-    bfloat16, on a CPU that can pack it). The result is a ``packed_weights`` value."""
-    if packed is not None:
-        return packed
-    return dtype in PACKED_BY_DEFAULT and cpu_packing_problem(dtype) is None
+def resolve_kernel(dtype: torch.dtype | None, packed: Kernel | None) -> Kernel:
+    """The kernel the commands run weights of ``dtype`` on, given ``packed``: the kernel
+    asked for (``--packed-weights`` ``PACKED``, ``--no-packed-weights`` ``PLAIN``,
+    ``--stream-kernel`` ``STREAM``), or for None (the default) ``PACKED`` where that keeps
+    every sum (bfloat16, on a CPU that can pack it) and ``PLAIN`` elsewhere."""
+    kernel = as_kernel(packed, "packed_weights")
+    if kernel is not None:
+        return kernel
+    if dtype in PACKED_BY_DEFAULT and cpu_packing_problem(dtype) is None:
+        return Kernel.PACKED
+    return Kernel.PLAIN
 
 
-def apply_packing(model: torch.nn.Module, packed: bool | str | None) -> bool | str:
-    """Pack ``model``'s weights when ``packed`` is True (on the stream kernel when it is
-    ``"stream"``), never when False, and when None (the command line's default) where that
-    keeps every sum: bfloat16, on a CPU that can pack it. Return how they are packed
-    (:func:`packing_of`).
+def apply_packing(model: torch.nn.Module, packed: Kernel | bool | str | None) -> Kernel:
+    """Pack ``model``'s weights for ``packed`` (``PACKED``; ``STREAM``: on the stream
+    kernel), never for ``PLAIN``, and for None (the command line's default) where that keeps
+    every sum: bfloat16, on a CPU that can pack it. ``QUANTIZED`` is chosen when a model
+    loads: here it only checks the model is so. Return the kernel the layers run on
+    (:func:`packing_of`). ``packed`` may be spelled as ``as_kernel`` reads (True, False,
+    "stream", ...).
 
     Raises:
-        ValueError: naming ``packed_weights``, when asked for and the model cannot be packed.
+        ValueError: naming ``packed_weights``: a value ``as_kernel`` does not read, a model
+            that cannot be packed as asked, or ``QUANTIZED`` for a model that is not.
     """
-    if packed is False or is_packed(model):
+    kernel = as_kernel(packed, "packed_weights")
+    current = packing_of(model)
+    if kernel is Kernel.QUANTIZED and current is not Kernel.QUANTIZED:
+        raise ValueError(f"packed_weights: {Kernel.QUANTIZED.value!r} is chosen when the model "
+                         f"loads (load_model(..., quantized=True)); this one runs on {current}")
+    if kernel in (Kernel.PLAIN, Kernel.QUANTIZED) or current.packs:
+        return current
+    problem = packing_problem(model, kernel)
+    if problem is None and resolve_kernel(linear_dtype(model), kernel).packs:
+        pack_weights(model, kernel or Kernel.PACKED)
         return packing_of(model)
-    problem = packing_problem(model, packed)
-    if problem is None and will_pack(linear_dtype(model), packed):
-        pack_weights(model, kernel_for(packed))
-        return packing_of(model)
-    if packed:
+    if kernel is not None:
         raise ValueError(f"packed_weights: {problem}")
     logger.info("weights not packed: %s", problem or "float32 is packed only when asked for")
-    return False
+    return current

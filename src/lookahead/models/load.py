@@ -28,9 +28,10 @@ from transformers import (
 )
 
 from lookahead.devices import resolve_device
+from lookahead.kernels.choice import Kernel, as_kernel
 from lookahead.kernels.grouped_attention import use_grouped_attention
 from lookahead.kernels.invariant_attention import use_invariant_attention
-from lookahead.kernels.packing import check_packable_dtype, kernel_for, pack_weights
+from lookahead.kernels.packing import check_packable_dtype, pack_weights
 from lookahead.models.gguf import (
     dequantise_to_cache,
     find_gguf,
@@ -83,7 +84,7 @@ def load_model(
     *,
     cache_dir: str | Path | None = None,
     grouped_attention: bool = True,
-    packed_weights: bool | str = False,
+    packed_weights: Kernel | bool | str | None = None,
     device: str | torch.device | None = None,
     quantized: bool | None = None,
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
@@ -102,29 +103,40 @@ def load_model(
             the cache in steps of several tokens (see that module), or, for a quantized model in
             float32, to the row-invariant ``lookahead.kernels.invariant_attention``; False keeps
             "sdpa".
-        packed_weights: swap the linear layers for faster ones on a CPU
-            (:func:`lookahead.kernels.packing.pack_weights`): in bfloat16 weights laid out once for
-            oneDNN, with the same sums; in float32 products taken weight first, with
-            sums that differ in the last bits. ``"stream"``: bfloat16 linears on the stream
-            kernel (:mod:`lookahead.kernels.stream_linear`), summed in float32: faster for passes of
-            a few tokens on an AVX-512 CPU without AMX, and the sums differ in the last bits.
+        packed_weights: the kernel of the linear layers, a
+            :class:`lookahead.kernels.choice.Kernel`. ``PACKED``: swapped for faster ones on a
+            CPU (:func:`lookahead.kernels.packing.pack_weights`): in bfloat16 weights laid out
+            once for oneDNN, with the same sums; in float32 products taken weight first, with
+            sums that differ in the last bits. ``STREAM``: bfloat16 linears on the stream
+            kernel (:mod:`lookahead.kernels.stream_linear`), summed in float32: faster for
+            passes of a few tokens on an AVX-512 CPU without AMX, and the sums differ in the
+            last bits. ``QUANTIZED``: as ``quantized=True``. None (default) or ``PLAIN``: the
+            layers as loaded (a GGUF model may still load quantized, see ``quantized``). The
+            older spellings True, False and "stream" are read as ``PACKED``, ``PLAIN`` and
+            ``STREAM``.
         quantized: a GGUF model (a bundled name or a ``.gguf`` path) with its linear layers
             kept as GGUF blocks on the integer kernel (:mod:`lookahead.models.quantized`).
-            None (default): on the CPU with ``dtype="auto"`` and no ``packed_weights``, and
-            then the compute dtype is float32; False: de-quantised into ``dtype`` (what
+            None (default): on the CPU with ``dtype="auto"`` unless ``packed_weights`` packs,
+            and then the compute dtype is float32; False: de-quantised into ``dtype`` (what
             ``--dequantize`` asks for); True: quantized, ``dtype`` the compute dtype.
         device: where the model runs ("cpu", "cuda", "cuda:1", "mps"; default: the CPU); it
             is moved there once loaded. Packed weights are for the CPU only.
 
     Raises:
-        ValueError: unknown name, a bad ``dtype``, or ``packed_weights`` where the model
-            cannot be packed.
+        ValueError: unknown name, a bad ``dtype``, a ``packed_weights`` that is not a kernel,
+            or one that packs where the model cannot be packed.
         ModelNotAvailableError: a bundled model whose packages are not installed (the message
             says what to run), or a hub id that cannot be downloaded.
         FileNotFoundError: a path that does not exist or holds no model.
     """
     target = resolve_device(device)
-    if _wants_quantized(name_or_path, dtype, packed_weights, target, quantized):
+    kernel = as_kernel(packed_weights, "packed_weights")
+    if kernel is Kernel.QUANTIZED:
+        if quantized is False:
+            raise ValueError("packed_weights='quantized' asks for the quantized layers that "
+                             "quantized=False refuses")
+        quantized = True
+    if _wants_quantized(name_or_path, dtype, kernel, target, quantized):
         compute = torch.float32 if dtype == AUTO_DTYPE else resolve_dtype(dtype)
         model, tokenizer = _load_quantized(name_or_path, compute, cache_dir)
         # Row-invariant attention where it runs (float32): with the quantized linears, every
@@ -133,16 +145,17 @@ def load_model(
         if grouped_attention and not use_invariant_attention(model):
             use_grouped_attention(model)
         return model, tokenizer
-    check_packable_dtype(packed_weights, resolve_dtype(dtype))
-    if packed_weights and target is not None and target.type != "cpu":
-        raise ValueError(f"packed_weights={packed_weights!r} is for the CPU, not device={device!r}")
+    check_packable_dtype(kernel, resolve_dtype(dtype))
+    packs = kernel is not None and kernel.packs
+    if packs and target is not None and target.type != "cpu":
+        raise ValueError(f"packed_weights={kernel.value!r} is for the CPU, not device={device!r}")
     model, tokenizer = _load(name_or_path, resolve_dtype(dtype), cache_dir)
     if target is not None:
         model.to(target)
     if grouped_attention:
         use_grouped_attention(model)
-    if packed_weights:
-        pack_weights(model, kernel_for(packed_weights))
+    if packs:
+        pack_weights(model, kernel)
     return model, tokenizer
 
 
@@ -152,7 +165,7 @@ def is_gguf_source(name_or_path: str | os.PathLike[str]) -> bool:
     return is_bundled(name) or (name.endswith(".gguf") and Path(name).expanduser().is_file())
 
 
-def _wants_quantized(name_or_path, dtype, packed_weights, target, quantized: bool | None
+def _wants_quantized(name_or_path, dtype, kernel: Kernel | None, target, quantized: bool | None
                      ) -> bool:
     """Whether ``load_model`` takes the quantized path (see its ``quantized`` argument)."""
     if quantized is False:
@@ -162,8 +175,8 @@ def _wants_quantized(name_or_path, dtype, packed_weights, target, quantized: boo
         problems.append("the model is not a GGUF file or a bundled model")
     if target is not None and target.type != "cpu":
         problems.append(f"the quantized kernel runs on the CPU, not {target}")
-    if packed_weights:
-        problems.append(f"packed_weights={packed_weights!r} is for de-quantised weights")
+    if kernel is not None and kernel.packs:
+        problems.append(f"packed_weights={kernel.value!r} is for de-quantised weights")
     if quantized is None:
         return not problems and dtype == AUTO_DTYPE
     if problems:

@@ -167,8 +167,6 @@ def is_bundled(name: str) -> bool:
 
 # The dtype "auto" stands for: bfloat16 where the CPU multiplies it natively, else float32.
 AUTO_DTYPE = "auto"
-# The label of a GGUF model run with its linears quantized (``load_model(quantized=True)``).
-QUANTIZED = "quantized"
 
 
 def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:

@@ -65,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     lookahead.generate(model, **tokenizer(texts[:2], return_tensors="pt", padding=True),
                        **{**options, "max_new_tokens": 8})  # warm-up
     outputs: dict = {}
-    runs = {"together": lambda: lookahead.generate(model, **batch, **options),
+    runs = {"together": lambda: lookahead.generate(model, **batch, batched=True, **options),
             "apart": lambda: [lookahead.generate(model, **tokenizer(t, return_tensors="pt"),
                                                  **options) for t in texts],
             "inside": lambda: lookahead.generate(model, **batch, batched=False, **options)}

@@ -7,13 +7,17 @@ default "prepend" import mode puts tests/ on ``sys.path``).
 - ``tiny_llama(vocab_size)``: a random-weight 2-layer Llama, the same weights for the same seed.
 - ``save_tiny_model(folder, words)``: both of them saved to a folder, as a downloaded model is.
 - ``save_tiny_chat_model(folder)``: the no-EOS chat model of test_cli and test_chat.
+- ``server_llama()``, ``server_tokenizer()``, ``prompt_ids()``, ``wait_idle()``,
+  ``collect_events()``: the model, tokenizer and prompts that tests/server serves.
 """
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 from tokenizers import Tokenizer, pre_tokenizers
 from tokenizers import models as tokenizer_models
@@ -161,3 +165,54 @@ def tune_argv(tiny, cache, *extra: str) -> list[str]:
     """``lookahead tune`` on the tiny model in float64, its profile saved under ``cache``."""
     return ["tune", "--model", str(tiny["model"]), "--dtype", "float64",
             "--dataset", str(tiny["prompts"]), "--cache-dir", str(cache), *extra]
+
+
+# --- tests/server: the served model ----------------------------------------------------------
+
+SERVER_SPECIAL = ["<unk>", "<s>", "</s>", "user", "assistant", "system", ":"]
+SERVER_WORDS = SERVER_SPECIAL + [f"w{i}" for i in range(89)]  # 96 tokens
+SERVER_CONTEXT = 512
+
+
+def server_tokenizer():
+    """Word-level over SERVER_WORDS with the tests' chat template; decoding joins words with
+    spaces."""
+    return word_tokenizer(SERVER_WORDS, CHAT_TEMPLATE)
+
+
+def server_llama(seed: int = 0):
+    """A tiny random Llama over SERVER_WORDS in float64 (ties in argmax are then out of the
+    way)."""
+    return tiny_llama(len(SERVER_WORDS), max_positions=SERVER_CONTEXT, seed=seed).to(torch.float64)
+
+
+def prompt_ids(seed: int, length: int) -> torch.Tensor:
+    """A prompt with repeats (so that lookup methods find something to propose)."""
+    g = torch.Generator().manual_seed(seed)
+    base = torch.randint(len(SERVER_SPECIAL), len(SERVER_WORDS), (max(2, length // 3),),
+                         generator=g)
+    return base.repeat(4)[:length].unsqueeze(0)
+
+
+def wait_idle(engine, timeout: float = 10.0) -> bool:
+    """Whether the engine has no request left within ``timeout`` (events come before cleanup)."""
+    deadline = time.monotonic() + timeout
+    while engine.active_count and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return engine.active_count == 0
+
+
+def collect_events(handle, timeout=60):
+    """(text, finish event) of an engine request; a test fails on its error event."""
+    from lookahead.server.engine import ErrorEvent, TokenEvent
+
+    text, finish = "", None
+    for event in handle.events(timeout=timeout):
+        if isinstance(event, TokenEvent):
+            text += event.text
+        elif isinstance(event, ErrorEvent):
+            pytest.fail(event.message)
+        else:
+            finish = event
+    return text, finish
+

@@ -7,13 +7,19 @@ default "prepend" import mode puts tests/ on ``sys.path``).
 - ``tiny_llama(vocab_size)``: a random-weight 2-layer Llama, the same weights for the same seed.
 - ``save_tiny_model(folder, words)``: both of them saved to a folder, as a downloaded model is.
 - ``save_tiny_chat_model(folder)``: the no-EOS chat model of test_cli and test_chat.
+- ``server_llama()``, ``server_tokenizer()``, ``prompt_ids()``, ``wait_idle()``,
+  ``collect_events()``: the model, tokenizer and prompts that tests/server serves.
+- ``MODEL_CASES``, ``METHOD_CASES``, ``run()``, ``first_difference()``, ``echo_prompt()``,
+  ``prompts_for()``, ``check_stats()``: the cases of tests/exactness and how they are run.
 """
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 from tokenizers import Tokenizer, pre_tokenizers
 from tokenizers import models as tokenizer_models
@@ -161,3 +167,146 @@ def tune_argv(tiny, cache, *extra: str) -> list[str]:
     """``lookahead tune`` on the tiny model in float64, its profile saved under ``cache``."""
     return ["tune", "--model", str(tiny["model"]), "--dtype", "float64",
             "--dataset", str(tiny["prompts"]), "--cache-dir", str(cache), *extra]
+
+
+# --- tests/server: the served model ----------------------------------------------------------
+
+SERVER_SPECIAL = ["<unk>", "<s>", "</s>", "user", "assistant", "system", ":"]
+SERVER_WORDS = SERVER_SPECIAL + [f"w{i}" for i in range(89)]  # 96 tokens
+SERVER_CONTEXT = 512
+
+
+def server_tokenizer():
+    """Word-level over SERVER_WORDS with the tests' chat template; decoding joins words with
+    spaces."""
+    return word_tokenizer(SERVER_WORDS, CHAT_TEMPLATE)
+
+
+def server_llama(seed: int = 0):
+    """A tiny random Llama over SERVER_WORDS in float64 (ties in argmax are then out of the
+    way)."""
+    return tiny_llama(len(SERVER_WORDS), max_positions=SERVER_CONTEXT, seed=seed).to(torch.float64)
+
+
+def prompt_ids(seed: int, length: int) -> torch.Tensor:
+    """A prompt with repeats (so that lookup methods find something to propose)."""
+    g = torch.Generator().manual_seed(seed)
+    base = torch.randint(len(SERVER_SPECIAL), len(SERVER_WORDS), (max(2, length // 3),),
+                         generator=g)
+    return base.repeat(4)[:length].unsqueeze(0)
+
+
+def wait_idle(engine, timeout: float = 10.0) -> bool:
+    """Whether the engine has no request left within ``timeout`` (events come before cleanup)."""
+    deadline = time.monotonic() + timeout
+    while engine.active_count and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return engine.active_count == 0
+
+
+def collect_events(handle, timeout=60):
+    """(text, finish event) of an engine request; a test fails on its error event."""
+    from lookahead.server.engine import ErrorEvent, TokenEvent
+
+    text, finish = "", None
+    for event in handle.events(timeout=timeout):
+        if isinstance(event, TokenEvent):
+            text += event.text
+        elif isinstance(event, ErrorEvent):
+            pytest.fail(event.message)
+        else:
+            finish = event
+    return text, finish
+
+
+# --- tests/exactness: the models and methods compared with model.generate -------------------
+
+NEW_TOKENS = 24
+
+QWEN2_SLIDING8 = {"use_sliding_window": True, "sliding_window": 8, "max_window_layers": 1}
+
+# case -> (family, attention implementation, config overrides)
+MODEL_CASES = {
+    "llama-sdpa": ("llama", "sdpa", {}),
+    "llama-eager": ("llama", "eager", {}),
+    "qwen2": ("qwen2", "sdpa", {}),
+    "qwen2-sliding8": ("qwen2", "sdpa", QWEN2_SLIDING8),
+    "mistral-sliding8": ("mistral", "sdpa", {"sliding_window": 8}),
+    "gemma2-eager": ("gemma2", "eager", {}),
+    "gemma3-sliding8": ("gemma3", "sdpa", {"sliding_window": 8}),
+    "phi3": ("phi3", "sdpa", {}),
+    # lookahead.kernels.grouped_attention (references from the same weights on "sdpa")
+    "llama-grouped": ("llama", "grouped", {}),
+    "qwen2-sliding8-grouped": ("qwen2", "grouped", QWEN2_SLIDING8),
+    "gemma3-sliding8-grouped": ("gemma3", "grouped", {"sliding_window": 8}),
+}
+
+# name -> (method, options); "self"/"other" stand for the draft model to use
+METHOD_CASES = {
+    "autoregressive": ("autoregressive", {}),
+    "lookahead": ("lookahead", {}),
+    # The window at every step (the paper's rule), and a window that must pay a high price:
+    # after its warm-up it runs every 3rd step only, its levels kept between runs.
+    "lookahead-w3n3g2": ("lookahead", {"window": 3, "ngram": 3, "guess": 2, "token_cost": 0}),
+    "lookahead-gauged": ("lookahead", {"window": 3, "ngram": 3, "guess": 2, "token_cost": 1.0,
+                                       "window_probe": 3}),
+    "lookahead-w1n2g1": ("lookahead", {"window": 1, "ngram": 2, "guess": 1}),
+    # Pool n-grams of one token and a copy that starts at 2 and grows while accepted whole.
+    "lookahead-growing-copy": ("lookahead", {"window": 1, "ngram": 2, "guess": 1,
+                                             "lookup_tokens": 2, "lookup_max_tokens": 16}),
+    "prompt_lookup": ("prompt_lookup", {}),
+    "draft-self": ("draft", {"draft_model": "self"}),
+    "draft-other": ("draft", {"draft_model": "other"}),
+}
+
+
+def first_difference(ours: torch.Tensor, theirs: torch.Tensor) -> str:
+    """Where two [1, T] sequences part, for assertion messages."""
+    a, b = ours[0].tolist(), theirs[0].tolist()
+    pos = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+    return (
+        f"first difference at position {pos}: "
+        f"ours {a[pos : pos + 5]}, model.generate {b[pos : pos + 5]}"
+    )
+
+
+def echo_prompt(model, seed_tokens=(3, 1, 4, 1, 5), length: int = 20) -> torch.Tensor:
+    """The seed followed by the model's own greedy continuation: random models fall into
+    cycles, so the continuation of this prompt repeats n-grams that are already in it."""
+    ids = torch.tensor([list(seed_tokens)])
+    return reference(model, ids, length)
+
+
+def prompts_for(model) -> dict[str, torch.Tensor]:
+    """The exactness prompts: "echo" (see ``echo_prompt``), "periodic" and "random"."""
+    generator = torch.Generator().manual_seed(1234)
+    return {
+        "echo": echo_prompt(model),
+        "periodic": torch.tensor([[7, 8, 9, 10, 11] * 3 + [7, 8]]),
+        "random": torch.randint(0, model.config.vocab_size, (1, 9), generator=generator),
+    }
+
+
+def run(model, ids, max_new_tokens, method_case, draft_models, **extra):
+    """``lookahead.generate`` with METHOD_CASES[method_case], "self"/"other" looked up in
+    ``draft_models``."""
+    import lookahead
+
+    method, options = METHOD_CASES[method_case]
+    options = dict(options)
+    if "draft_model" in options:
+        options["draft_model"] = draft_models[options["draft_model"]]
+    return lookahead.generate(
+        model, ids, max_new_tokens=max_new_tokens, method=method, **options, **extra
+    )
+
+
+def check_stats(result, prompt_len: int) -> None:
+    """Statistics that must agree with the sequence whatever the method (no EOS here)."""
+    stats = result.stats
+    assert stats.prompt_tokens == prompt_len
+    assert stats.new_tokens == result.sequences.shape[1] - prompt_len
+    assert stats.steps == len(stats.accepted_per_step) == len(stats.proposed_per_step)
+    # Each forward pass commits its accepted tokens plus one (the prefill commits one).
+    assert stats.new_tokens == stats.steps + sum(stats.accepted_per_step)
+    assert all(a <= p for a, p in zip(stats.accepted_per_step, stats.proposed_per_step))

@@ -7,6 +7,9 @@ or Qwen2 (an output layer, q/k/v biases) with a byte-level BPE vocabulary of 264
 matrices in the ``qtypes`` given, in turn: F32, Q8_0, Q4_0, Q4_1, Q5_0 (quantized by
 ``gguf.quants.quantize``) or Q4_K, Q6_K (random blocks with small finite scales: the gguf
 package cannot quantize those). K-quants need ``hidden`` a multiple of 256.
+
+``assert_greedy_matches_generate(model, prompt, new_tokens, method)``: the greedy-equality
+check of the quantized models (``method``'s tokens against ``model.generate``'s).
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import torch
 from gguf import GGMLQuantizationType, GGUFWriter
 from gguf.quants import quantize
 from transformers.convert_slow_tokenizer import bytes_to_unicode
@@ -101,3 +105,24 @@ def write_tiny_gguf(path: Path, arch: str = "llama", qtypes=(Q.Q8_0, Q.Q4_0), *,
     writer.write_tensors_to_file()
     writer.close()
     return path
+
+
+def assert_greedy_matches_generate(model, prompt, new_tokens: int, method: str, **options):
+    """Assert that ``lookahead.generate(method, **options)`` writes ``model.generate``'s greedy
+    tokens, ``new_tokens`` of them (the model must have no EOS), on ``prompt`` [1, L] and on
+    its echo: the prompt followed by the model's own text, which repeats, so that proposals
+    are accepted several at a time. Returns the echo's result (its ``stats``)."""
+    import lookahead
+
+    def generate(ids):
+        return model.generate(ids, max_new_tokens=new_tokens, do_sample=False,
+                              min_new_tokens=new_tokens, attention_mask=torch.ones_like(ids),
+                              pad_token_id=0)
+
+    expected = generate(prompt)
+    echo = torch.cat([expected, expected[:, prompt.shape[1]:]], dim=1)
+    for ids in (prompt, echo):
+        result = lookahead.generate(model, ids, max_new_tokens=new_tokens, method=method,
+                                    **options)
+        assert result.sequences.tolist() == generate(ids).tolist()
+    return result

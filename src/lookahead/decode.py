@@ -101,7 +101,7 @@ class Decoder:
     None: all the proposer proposes.
     ``observer``: called with the name of each phase of a step as it ends ("propose", "tree",
     "layout", "forward", "verify", "commit", "update", "keep"), e.g. to time them
-    (``benchmarks/profile_step.py``); None (the default) calls nothing.
+    (``benchmarks/forward_cost.py --times step``); None (the default) calls nothing.
     ``controls``: Hugging Face logits processors and stopping criteria applied at every
     verified position (``lookahead.controls.Controls``); None: plain logits, EOS and limit.
     """

@@ -9,7 +9,7 @@ import logging
 import pytest
 import torch
 from gguf import GGMLQuantizationType as Q
-from tiny_gguf import write_tiny_gguf
+from tiny_gguf import assert_greedy_matches_generate, write_tiny_gguf
 
 import lookahead
 from lookahead.kernels import Kernel
@@ -44,15 +44,7 @@ def test_every_method_writes_what_the_quantized_model_writes(files, tmp_path, ca
     linears = [m for m in model.modules() if isinstance(m, QuantLinear)]
     assert len(linears) == 2 * 7 + 1 and model.dtype == torch.float32
     options = {"draft_model": model} if method == "draft" else {}
-    expected = model.generate(PROMPT, max_new_tokens=24, do_sample=False, min_new_tokens=24,
-                              attention_mask=torch.ones_like(PROMPT), pad_token_id=0)
-    # The model's own text fed back: it repeats, so proposals are accepted several at a time.
-    echo = torch.cat([expected, expected[:, PROMPT.shape[1]:]], dim=1)
-    for ids in (PROMPT, echo):
-        want = model.generate(ids, max_new_tokens=24, do_sample=False, min_new_tokens=24,
-                              attention_mask=torch.ones_like(ids), pad_token_id=0)
-        result = lookahead.generate(model, ids, max_new_tokens=24, method=method, **options)
-        assert result.sequences.tolist() == want.tolist()
+    result = assert_greedy_matches_generate(model, PROMPT, 24, method, **options)
     if method == "draft":  # the model drafting for itself is always right: whole drafts kept
         assert result.stats.tokens_per_step > 2.0
 

@@ -13,13 +13,8 @@ import httpx
 import openai
 import pytest
 import uvicorn
-from test_server_engine import (
-    CONTEXT,
-    prompt_ids,
-    server_llama,
-    server_tokenizer,
-    wait_idle,
-)
+from tiny import SERVER_CONTEXT as CONTEXT
+from tiny import prompt_ids, server_llama, server_tokenizer, wait_idle
 
 import lookahead
 from lookahead.cli import main as cli_main

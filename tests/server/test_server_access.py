@@ -8,8 +8,8 @@ import json
 import httpx
 import pytest
 from test_server import MODEL, expected
-from test_server_engine import prompt_ids, server_llama, server_tokenizer
 from test_server_limits import GOOD, served
+from tiny import prompt_ids, server_llama, server_tokenizer
 
 from lookahead.server.app import ServerSettings
 from lookahead.server.guard import allowed_host_set

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_server import MODEL, ServerThread
-from test_server_engine import server_llama, server_tokenizer
+from tiny import server_llama, server_tokenizer
 
 from lookahead.server.app import ServerSettings, create_app
 from lookahead.server.engine import Engine, EngineConfig

@@ -13,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 from test_server import MODEL, ServerThread, expected
-from test_server_engine import prompt_ids, server_llama, server_tokenizer, wait_idle
+from tiny import prompt_ids, server_llama, server_tokenizer, wait_idle
 
 from lookahead.server.app import ServerSettings, create_app
 from lookahead.server.engine import Engine, EngineConfig

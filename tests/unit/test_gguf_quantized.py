@@ -19,11 +19,9 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType
 from gguf.quants import dequantize, quantize
+from tiny_gguf import assert_greedy_matches_generate, write_tiny_gguf
 from transformers import AutoModelForCausalLM, GgufConfig
 
-from tiny_gguf import write_tiny_gguf
-
-import lookahead
 from lookahead.models.gguf_quantized import (
     DequantisingLinear,
     QuantEmbedding,
@@ -129,16 +127,7 @@ def test_llama_q_rows_are_reordered_and_v_rows_are_not(gguf_files) -> None:
 def test_greedy_methods_equal_generate(gguf_files, case, method) -> None:
     model, _ = load_gguf_quantized(gguf_files[case], REFERENCE_FACTORY, torch.float64)
     model.generation_config.eos_token_id = None
-    prompt = PROMPT
-    expected = model.generate(prompt, max_new_tokens=20, do_sample=False, min_new_tokens=20,
-                              attention_mask=torch.ones_like(prompt), pad_token_id=0)
-    # The model's own text fed back: its continuation repeats, so proposals get accepted.
-    echo = torch.cat([expected, expected[:, prompt.shape[1]:]], dim=1)
-    for ids in (prompt, echo):
-        want = model.generate(ids, max_new_tokens=20, do_sample=False, min_new_tokens=20,
-                              attention_mask=torch.ones_like(ids), pad_token_id=0)
-        result = lookahead.generate(model, ids, 20, method)
-        assert result.sequences.tolist() == want.tolist()
+    assert_greedy_matches_generate(model, PROMPT, 20, method)
 
 
 def test_meta_cache_is_written_once_and_read_after(gguf_files, tmp_path) -> None:

@@ -110,16 +110,26 @@ def test_a_pass_of_k_tokens_gives_the_bits_of_k_passes_of_one(files, tmp_path):
 
 
 @pytest.mark.parametrize("method", ["autoregressive", "lookahead"])
-def test_a_row_of_a_batch_writes_what_it_writes_alone(files, tmp_path, method):
+def test_a_row_of_a_batch_writes_what_it_writes_alone(files, tmp_path, method, monkeypatch):
     """Three prompts of different lengths, left-padded, decoded together in one forward pass
-    per step over a batched cache: each row's tokens are those of its own call."""
+    per step over a batched cache (by default: the rows are independent on this path): each
+    row's tokens are those of its own call."""
+    import lookahead.batch
+    from lookahead.kernels.invariant_attention import rows_are_independent
+
     model, _ = _load(files["llama-q4_1-q8_0"], tmp_path)
+    assert rows_are_independent(model)
+    together_calls = []
+    decode_together = lookahead.batch.decode_together
+    monkeypatch.setattr(lookahead.batch, "decode_together",
+                        lambda *a, **k: together_calls.append(1) or decode_together(*a, **k))
     rows = [PROMPT[0].tolist(), PROMPT[0, 4:].tolist(), PROMPT[0, 9:].tolist()]
     width = max(map(len, rows))
     ids = torch.tensor([[0] * (width - len(r)) + r for r in rows])
     mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows])
     together = lookahead.generate(model, ids, attention_mask=mask, max_new_tokens=20,
-                                  method=method, batched=True, pad_token_id=0)
+                                  method=method, pad_token_id=0)
+    assert together_calls == [1]
     for row, prompt in enumerate(rows):
         alone = lookahead.generate(model, torch.tensor([prompt]), max_new_tokens=20,
                                    method=method)

@@ -10,6 +10,7 @@ from lookahead.kernels.invariant_attention import (
     ATTENTION_NAME,
     invariant_attention,
     invariant_attention_problem,
+    rows_are_independent,
     use_invariant_attention,
 )
 
@@ -113,3 +114,5 @@ def test_a_model_switches_to_it_only_in_float32_on_the_cpu(fresh_lm) -> None:
     assert invariant_attention_problem(model) is None
     assert use_invariant_attention(model) is True
     assert model.config._attn_implementation == ATTENTION_NAME
+    # Float linear layers: their sums may depend on the rows beside them.
+    assert rows_are_independent(model) is False

@@ -28,7 +28,7 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from lookahead.kernels.build import compile_kernel
 from lookahead.kernels.grouped_attention import grouped_sdpa
-from lookahead.kernels.quant_linear import ISA_FLAGS, best_isa
+from lookahead.kernels.quant_linear import ISA_FLAGS, QuantLinear, best_isa
 
 logger = logging.getLogger(__name__)
 
@@ -83,6 +83,17 @@ def use_invariant_attention(model) -> bool:
     AttentionMaskInterface.register(ATTENTION_NAME, sdpa_mask)
     model.set_attn_implementation(ATTENTION_NAME)
     return True
+
+
+def rows_are_independent(model) -> bool:
+    """Whether each row of ``model``'s forward pass gets the bits it would get alone: every
+    linear layer kept as GGUF blocks on the integer kernel (no float ``nn.Linear``, whose
+    sums may be blocked by the number of rows) and the attention ``invariant_attention``.
+    Then rows of a batch may share a pass without changing a token."""
+    if getattr(model.config, "_attn_implementation", None) != ATTENTION_NAME:
+        return False
+    kinds = {type(module) for module in model.modules()}
+    return QuantLinear in kinds and torch.nn.Linear not in kinds
 
 
 def invariant_attention(

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import sys
 from pathlib import Path
 
@@ -31,8 +32,11 @@ def tiny_folder(tmp_path_factory) -> Path:
 def spawn_lookahead(command: str, folder: Path, *extra: str):
     env = dict(os.environ, OMP_NUM_THREADS="1", COLUMNS="200", LINES="50")
     argv = ["-m", "lookahead", command, "--model", str(folder), "--dtype", "float64", *extra]
+    # A Ctrl-C at a terminal: the child's SIGINT as a shell's foreground job has it. A test run
+    # started in the background (``pytest &``) ignores SIGINT, and a child inherits that.
     return pexpect.spawn(
-        sys.executable, argv, env=env, encoding="utf-8", timeout=TIMEOUT, dimensions=(50, 200)
+        sys.executable, argv, env=env, encoding="utf-8", timeout=TIMEOUT, dimensions=(50, 200),
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
 
 
@@ -107,8 +111,6 @@ def test_ctrl_d_at_the_prompt_leaves(tiny_folder) -> None:
 
 
 def test_ctrl_c_during_an_answer_sets_a_flag_then_raises_and_the_handler_is_restored() -> None:
-    import signal
-
     from lookahead.cli.chat import ctrl_c_requests_stop
 
     before = signal.getsignal(signal.SIGINT)

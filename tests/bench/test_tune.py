@@ -395,3 +395,30 @@ def test_the_tuner_can_choose_a_step_cap_and_the_commands_take_it(tiny, tmp_path
     assert [_our_options(m, options)["max_step_tokens"] for m in ("lookahead", "draft")] == [5, 5]
     path.write_text(json.dumps({"best": {**best, "max_step_tokens": 0}}))
     assert resolve_shape(model, "float64", cache_dir=cache) == dict(DEFAULT_SHAPE)  # unreadable
+
+
+def test_tune_on_a_gguf_model_measures_the_quantized_path(tiny, tmp_path, capsys) -> None:
+    """With the default dtype a GGUF model is tuned as the commands run it, quantized, and the
+    profile is the one ``generate`` reads for the quantized model."""
+    from gguf import GGMLQuantizationType as Q
+    from tiny_gguf import write_tiny_gguf
+
+    from lookahead.kernels.choice import Kernel
+    from lookahead.kernels.packing import packing_of
+    from lookahead.profiles import find_shape
+
+    path = str(write_tiny_gguf(tmp_path / "tiny.gguf", "llama", (Q.Q4_1, Q.Q8_0)))
+    cache = tmp_path / "cache"
+    argv = [
+        "tune", "--model", path, "--dataset", str(tiny["prompts"]), "--limit", "1",
+        "--max-new-tokens", "8", "--tokens", "1,4", "--repeats", "1", "--shapes", "1x2x2",
+        "--cache-dir", str(cache),
+    ]  # fmt: skip
+    assert main(argv) == 0
+    assert f"{path} float32 on cpu" in capsys.readouterr().out
+    profile = load_profile(path, "float32", cache_dir=cache, packed=Kernel.QUANTIZED)
+    assert profile is not None and profile["packed_weights"] == "quantized"
+    assert saved_profile_path(profile, cache).name.endswith("-float32-quantized-cpu.json")
+    model, _ = lookahead.load_model(path, cache_dir=cache)
+    shape, source = find_shape(model.name_or_path, model.dtype, cache, packed=packing_of(model))
+    assert source.endswith("-float32-quantized-cpu.json") and shape["window"] == 1

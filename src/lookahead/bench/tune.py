@@ -149,7 +149,8 @@ class TuneConfig:
     device: str | None = None  # where the model runs (None: the CPU)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "dtype", dtype_name(self.dtype))
+        if self.dtype != AUTO_DTYPE:  # "auto" stays: on a GGUF model it means quantized
+            object.__setattr__(self, "dtype", dtype_name(self.dtype))
         if not self.cost_scales or not all(
             isinstance(x, (int, float)) and not isinstance(x, bool) and 0.0 <= x <= 10.0
             for x in self.cost_scales
@@ -250,8 +251,11 @@ def measure_shape(model, prompts: Mapping[str, list[torch.Tensor]], shape, max_n
 
 def tune(config: TuneConfig, progress: Progress | None = None, save: bool = True) -> dict:
     """Measure the curve and the shapes, choose the best, save the profile; return it."""
+    # As the commands load it: a GGUF model quantized unless the kernel packs float weights.
+    kernel = config.packed_weights
     model, tokenizer = load_model(config.model, config.dtype, cache_dir=config.cache_dir,
-                                  device=config.device)
+                                  device=config.device,
+                                  quantized=False if kernel is not None and kernel.packs else None)
     packed = apply_packing(model, config.packed_weights)  # tune what the commands will run
     datastore = None
     if config.datastore is not None:
@@ -319,7 +323,7 @@ def _setting(config: TuneConfig, model, packed: Kernel, samples: Mapping[str, li
     return dict(
         version=PROFILE_VERSION,
         model=config.model,
-        dtype=config.dtype,
+        dtype=dtype_name(model.dtype),
         device=model.device.type,
         cpu=torch.backends.cpu.get_cpu_capability(),
         packed_weights=packed,

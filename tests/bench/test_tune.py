@@ -422,3 +422,8 @@ def test_tune_on_a_gguf_model_measures_the_quantized_path(tiny, tmp_path, capsys
     model, _ = lookahead.load_model(path, cache_dir=cache)
     shape, source = find_shape(model.name_or_path, model.dtype, cache, packed=packing_of(model))
     assert source.endswith("-float32-quantized-cpu.json") and shape["window"] == 1
+    # bench --shape auto (its default) reads it too; de-quantised, it has no profile.
+    for extra, window in (((), 1), (("--dequantize",), 2)):
+        args = build_parser().parse_args(["bench", "--model", path, "--cache-dir", str(cache),
+                                          *extra])
+        assert config_from_args(args).options.lookahead.window == window

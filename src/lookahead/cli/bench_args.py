@@ -17,7 +17,9 @@ from lookahead.cli.options import (DTYPE_HELP, add_kernel_args, add_model_args, 
 from lookahead.argtypes import int_in
 from lookahead.config import MAX_GUESS, MAX_NGRAM, MAX_WINDOW
 from lookahead.models.registry import AUTO_DTYPE, resolve_dtype
+from lookahead.kernels.choice import Kernel
 from lookahead.kernels.packing import resolve_kernel
+from lookahead.models.load import loads_quantized
 
 logger = logging.getLogger(__name__)
 
@@ -137,8 +139,11 @@ def shape_from_args(args: argparse.Namespace) -> dict[str, int]:
     from lookahead.profiles import resolve_shape
 
     if args.shape in (None, "auto"):
-        packed = resolve_kernel(resolve_dtype(args.dtype), args.packed_weights)
-        shape = resolve_shape(args.model, args.dtype, cache_dir=args.cache_dir,
+        dtype, packed = args.dtype, resolve_kernel(resolve_dtype(args.dtype), args.packed_weights)
+        if not getattr(args, "dequantize", False) and loads_quantized(
+                args.model, args.dtype, args.packed_weights, getattr(args, "device", None)):
+            dtype, packed = "float32", Kernel.QUANTIZED  # the profile `tune` saves for it
+        shape = resolve_shape(args.model, dtype, cache_dir=args.cache_dir,
                               workload=args.workload, packed=packed)
     elif args.workload is not None:
         raise ValueError(

@@ -165,6 +165,17 @@ def is_gguf_source(name_or_path: str | os.PathLike[str]) -> bool:
     return is_bundled(name) or (name.endswith(".gguf") and Path(name).expanduser().is_file())
 
 
+def loads_quantized(name_or_path, dtype=AUTO_DTYPE, packed_weights=None, device=None,
+                    quantized: bool | None = None) -> bool:
+    """Whether ``load_model`` with these arguments takes the quantized path (without loading:
+    the commands ask it to find the tuned profile of the weights they will run)."""
+    try:
+        return _wants_quantized(name_or_path, dtype, as_kernel(packed_weights, "packed_weights"),
+                                resolve_device(device), quantized)
+    except ValueError:
+        return False  # load_model will say what is wrong
+
+
 def _wants_quantized(name_or_path, dtype, kernel: Kernel | None, target, quantized: bool | None
                      ) -> bool:
     """Whether ``load_model`` takes the quantized path (see its ``quantized`` argument)."""

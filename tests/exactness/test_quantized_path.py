@@ -20,7 +20,8 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 CASES = {"llama-q4_1-q8_0": ("llama", (Q.Q4_1, Q.Q8_0), 64),
          "qwen2-q4_k-q6_k": ("qwen2", (Q.Q4_K, Q.Q6_K), 256),
-         "llama-q4_0-q4_k": ("llama", (Q.Q4_0, Q.Q4_K), 256)}
+         "llama-q4_0-q4_k": ("llama", (Q.Q4_0, Q.Q4_K), 256),
+         "qwen2-q5_0-q8_0": ("qwen2", (Q.Q5_0, Q.Q8_0), 64)}  # Q5_0 widened to Q8_0
 PROMPT = torch.tensor([[256, 3, 70, 71, 72, 3, 70, 71, 72, 3, 70, 71, 9, 100, 101, 102]])
 
 

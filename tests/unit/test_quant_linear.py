@@ -237,3 +237,21 @@ def test_kernel_rows_give_the_bits_of_one_row_passes(isa, qtype):
             # and the forward pass is the reference's, bias and rounding to dtype included
             expected = (module.reference(xs) + module.bias).to(dtype)
             assert torch.equal(together, expected), (rows, dtype)
+
+
+@settings(max_examples=20, deadline=None)
+@given(rows=st.integers(1, 9), blocks=st.integers(1, 4), seed=st.integers(0, 2**16))
+def test_q5_0_blocks_widen_to_q8_0_blocks_of_the_same_values(rows, blocks, seed) -> None:
+    """A Q5_0 weight, (q - 16) * d with q in 0..31, is held exactly by a Q8_0 block: the
+    widened rows de-quantise (gguf's own code) to the same floats, and a layer on them is a
+    Q8_0 QuantLinear."""
+    rng = np.random.default_rng(seed)
+    weights = (rng.standard_normal((rows, 32 * blocks)) * rng.uniform(0.01, 3)).astype(np.float32)
+    raw = gguf.quants.quantize(weights, gguf.GGMLQuantizationType.Q5_0)
+    wide = qf.widen_q5_0(raw)
+    assert wide.dtype == np.uint8 and wide.shape == (rows, 34 * blocks)
+    expected = gguf.quants.dequantize(raw, gguf.GGMLQuantizationType.Q5_0)
+    assert np.array_equal(gguf.quants.dequantize(wide, gguf.GGMLQuantizationType.Q8_0), expected)
+    layer = QuantLinear(torch.from_numpy(wide), qf.WIDENED[qf.Q5_0], 32 * blocks)
+    held = qf.dequantize(qf.unpack(layer.records, qf.Q8_0, rows), qf.Q8_0)
+    assert torch.equal(held, torch.from_numpy(expected).double())

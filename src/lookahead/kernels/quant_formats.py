@@ -297,3 +297,29 @@ def dequantize(parts: QuantParts, qtype: int) -> torch.Tensor:
         dmin = torch.from_numpy(np.repeat(parts.dmin.astype(np.float64), per, axis=1))
         w = w - (dmin * torch.from_numpy(parts.m.astype(np.float64)))[..., None]
     return w.reshape(out, width)
+
+
+Q5_0 = 6  # gguf.GGMLQuantizationType.Q5_0: d (float16), qh (32 high bits), qs (32 low nibbles)
+WIDENED = {Q5_0: Q8_0}  # types taken by rewriting their blocks, losslessly, as another
+
+
+def widen_q5_0(raw: np.ndarray) -> np.ndarray:
+    """Q5_0 rows (uint8 [rows, blocks * 22]) rewritten as Q8_0 rows (uint8 [rows, blocks *
+    34]) of the same values: a Q5_0 weight is ``(q - 16) * d`` with q in 0..31, which a Q8_0
+    block holds exactly as the int8 ``q - 16`` beside the same float16 ``d``. 8.5 bits a weight
+    instead of 5.5, but on the integer kernel rather than de-quantised to float.
+
+    In a block, weight j < 16 has its low 4 bits in the low nibble of ``qs[j]``, weight
+    j >= 16 in the high nibble of ``qs[j - 16]``; bit j of ``qh`` is weight j's fifth bit.
+    """
+    rows = raw.shape[0]
+    blocks = np.ascontiguousarray(raw).reshape(rows, -1, 22)
+    d = blocks[..., 0:2]
+    qh = blocks[..., 2:6].copy().view("<u4")  # [rows, blocks, 1]
+    qs = blocks[..., 6:22]
+    low = np.concatenate([qs & 0x0F, qs >> 4], axis=-1)  # [rows, blocks, 32]
+    high = (qh >> np.arange(32, dtype=np.uint32)) & 1
+    q = (low.astype(np.int16) | (high.astype(np.int16) << 4)) - 16
+    out = np.concatenate([d, q.astype(np.int8).view(np.uint8)], axis=-1)
+    return np.ascontiguousarray(out.reshape(rows, -1))
+

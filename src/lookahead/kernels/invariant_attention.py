@@ -110,36 +110,35 @@ def invariant_attention(
     """Transformers' attention-function signature: query [B, H, T, D], key and value
     [B, H_kv, S, D], mask [B or 1, 1, T, >= S] (bool, or additive: 0 where allowed) or None
     (causal for T > 1 as SDPA takes it) -> output [B, T, H, D] (and no attention weights)."""
-    allowed = _allowed(attention_mask, query, key)
-    if (query.dtype != torch.float32 or query.device.type != "cpu" or dropout > 0.0
-            or allowed is None or any(kwargs.get(name) is not None for name in _EXTRA_TERMS)):
+    mask = None
+    if (query.dtype == torch.float32 and query.device.type == "cpu" and dropout == 0.0
+            and not any(kwargs.get(name) is not None for name in _EXTRA_TERMS)):
+        mask = _mask_rows(attention_mask, query, key)
+    out = None
+    if mask is not None:
+        scale = query.shape[-1] ** -0.5 if scaling is None else scaling
+        causal = (attention_mask is None and query.shape[2] > 1 and (
+            is_causal if is_causal is not None else getattr(module, "is_causal", True)))
+        out = load_attention_kernel().attend(query.contiguous(), key.contiguous(),
+                                             value.contiguous(), mask, bool(causal),
+                                             float(scale))
+    if out is None:  # not this kernel's call, or a mask that is a bias: SDPA adds it
         return grouped_sdpa(module, query, key, value, attention_mask, dropout=dropout,
                             scaling=scaling, is_causal=is_causal, **kwargs)
-    if scaling is None:
-        scaling = query.shape[-1] ** -0.5
-    causal = (attention_mask is None and query.shape[2] > 1
-              and (is_causal if is_causal is not None else getattr(module, "is_causal", True)))
-    out = load_attention_kernel().attend(query.contiguous(), key.contiguous(),
-                                         value.contiguous(), allowed, bool(causal),
-                                         float(scaling))
     return out, None
 
 
-def _allowed(mask: torch.Tensor | None, query: torch.Tensor, key: torch.Tensor
-             ) -> torch.Tensor | None:
-    """The mask as uint8 [B, T, S] (1: the query row sees the key), an empty tensor for no
-    mask, or None for a mask this kernel does not take (per head, or with values other than
-    allowed and masked)."""
+def _mask_rows(mask: torch.Tensor | None, query: torch.Tensor, key: torch.Tensor
+               ) -> torch.Tensor | None:
+    """The mask [B or 1, 1, T, >= S] as the kernel reads it, [B or 1, T, >= S] (a view where
+    it can), an empty tensor for no mask, or None for a mask this kernel does not take (per
+    head, or neither bool nor float32). The kernel tells a bias from a mask itself."""
     if mask is None:
-        return torch.empty(0, dtype=torch.uint8)
+        return torch.empty(0, dtype=torch.bool)
     batch, _, rows, _ = query.shape
-    keys = key.shape[2]
-    if mask.dim() != 4 or mask.shape[1] != 1 or mask.shape[2] != rows or mask.shape[3] < keys:
+    if (mask.dim() != 4 or mask.shape[0] not in (1, batch) or mask.shape[1] != 1
+            or mask.shape[2] != rows or mask.shape[3] < key.shape[2]
+            or mask.dtype not in (torch.bool, torch.float32)):
         return None
-    mask = mask[:, 0, :, :keys]
-    if mask.dtype != torch.bool:
-        floor = torch.finfo(mask.dtype).min
-        if not bool(((mask == 0) | (mask <= floor / 2)).all()):
-            return None  # a bias, not a mask: SDPA adds it
-        mask = mask == 0
-    return mask.expand(batch, rows, keys).to(torch.uint8).contiguous()
+    mask = mask[:, 0]
+    return mask if mask.stride(-1) == 1 else mask.contiguous()

@@ -146,14 +146,24 @@ void exponentiate(float* score, float top, int64_t padded) {
   }
 }
 
+// Which keys a query row sees: its row of a bool mask (``bytes``, nonzero: sees), or of an
+// additive one (``additive``, 0: sees), or else the first ``limit`` keys.
+struct RowMask {
+  const uint8_t* bytes = nullptr;
+  const float* additive = nullptr;
+  int64_t limit = 0;
+
+  bool sees(int64_t j) const {
+    return bytes ? bytes[j] != 0 : additive ? additive[j] == 0.0f : j < limit;
+  }
+};
+
 // A row's softmax weights, in place over its scores, and their total over the keys it sees,
-// summed in a fixed order of those keys; ``seen`` gets their indices. ``allowed``: S bytes, or nullptr for
-// the first ``limit`` keys.
-float softmax(float* score, const uint8_t* allowed, int64_t limit, const Shapes& s,
-              std::vector<int32_t>& seen) {
+// summed in a fixed order of those keys; ``seen`` gets their indices.
+float softmax(float* score, const RowMask& mask, const Shapes& s, std::vector<int32_t>& seen) {
   seen.clear();
   for (int64_t j = 0; j < s.keys; ++j)
-    if (allowed ? allowed[j] != 0 : j < limit) seen.push_back(static_cast<int32_t>(j));
+    if (mask.sees(j)) seen.push_back(static_cast<int32_t>(j));
   if (seen.empty()) return 0.0f;  // a row that sees nothing
   float top = -std::numeric_limits<float>::infinity();
   for (const int32_t j : seen) top = std::max(top, score[j]);
@@ -217,20 +227,34 @@ void weigh(const float* p, const std::vector<int32_t>& seen, const float* value,
 // Scores, softmax and output of R query rows of one key/value head.
 template <int R>
 void attend_rows(const float* const* q, const float* key, const float* value,
-                 const uint8_t* const* allowed, const int64_t* limit, const Shapes& s,
-                 float scale, float* const* score, float* const* out,
-                 std::vector<int32_t>& seen) {
+                 const RowMask* mask, const Shapes& s, float scale, float* const* score,
+                 float* const* out, std::vector<int32_t>& seen) {
   scores<R>(q, key, s, scale, score);
   for (int r = 0; r < R; ++r) {
-    const float total = softmax(score[r], allowed[r], limit[r], s, seen);
+    const float total = softmax(score[r], mask[r], s, seen);
     weigh(score[r], seen, value, s, total, out[r]);
   }
 }
 
-// query [B, H, T, D], key/value [B, Hkv, S, D], allowed [B, T, S] uint8 or empty (causal when
-// ``causal``, else every key) -> output [B, T, H, D]. Float32, contiguous.
+// Whether an additive mask holds only 0 (sees) and masked values (at most -1e30): else it is
+// a bias, which this kernel does not add.
+bool only_masks(const torch::Tensor& mask, int64_t keys) {
+  const float* m = mask.data_ptr<float>();
+  for (int64_t b = 0; b < mask.size(0); ++b)
+    for (int64_t t = 0; t < mask.size(1); ++t) {
+      const float* row = m + b * mask.stride(0) + t * mask.stride(1);
+      for (int64_t j = 0; j < keys; ++j)
+        if (row[j] != 0.0f && row[j] > -1e30f) return false;
+    }
+  return true;
+}
+
+// query [B, H, T, D], key/value [B, Hkv, S, D], mask [B or 1, T, >= S] (bool, or additive
+// float32: 0 where a row sees the key; the last dimension contiguous) or empty (causal when
+// ``causal``, else every key) -> output [B, T, H, D], float32; undefined (None) for an additive
+// mask that is a bias.
 torch::Tensor attend(torch::Tensor query, torch::Tensor key, torch::Tensor value,
-                     torch::Tensor allowed, bool causal, double scale) {
+                     torch::Tensor mask, bool causal, double scale) {
   TORCH_CHECK(query.scalar_type() == torch::kFloat32 && key.scalar_type() == torch::kFloat32 &&
               value.scalar_type() == torch::kFloat32, "invariant attention takes float32");
   TORCH_CHECK(query.is_contiguous() && key.is_contiguous() && value.is_contiguous(),
@@ -238,18 +262,24 @@ torch::Tensor attend(torch::Tensor query, torch::Tensor key, torch::Tensor value
   const Shapes s{query.size(0), query.size(1), key.size(1), query.size(2), key.size(2),
                  query.size(3), (key.size(2) + kLanes - 1) / kLanes * kLanes};
   TORCH_CHECK(s.heads % s.kv_heads == 0, "query heads must be a multiple of key/value heads");
-  const bool masked = allowed.numel() > 0;
+  const bool masked = mask.numel() > 0;
+  const bool additive = masked && mask.scalar_type() == torch::kFloat32;
   if (masked)
-    TORCH_CHECK(allowed.scalar_type() == torch::kUInt8 && allowed.is_contiguous() &&
-                allowed.size(0) == s.batch && allowed.size(1) == s.rows &&
-                allowed.size(2) == s.keys, "allowed must be uint8 [B, T, S]");
+    TORCH_CHECK((additive || mask.scalar_type() == torch::kBool) && mask.dim() == 3 &&
+                (mask.size(0) == s.batch || mask.size(0) == 1) && mask.size(1) == s.rows &&
+                mask.size(2) >= s.keys && mask.stride(2) == 1,
+                "mask must be bool or float32 [B or 1, T, >= S], its last dimension contiguous");
+  if (additive && !only_masks(mask, s.keys)) return torch::Tensor();
+  const int64_t mask_batch = masked && mask.size(0) > 1 ? mask.stride(0) : 0;
+  const int64_t mask_row = masked ? mask.stride(1) : 0;
   auto out = torch::empty({s.batch, s.rows, s.heads, s.dim}, query.options());
   const int64_t groups = s.heads / s.kv_heads;
   const int64_t per_kv = groups * s.rows;  // query rows that read one key/value head
   const int64_t blocks = (per_kv + kRowsAtOnce - 1) / kRowsAtOnce;
   const float* q = query.data_ptr<float>();
   const float* v = value.data_ptr<float>();
-  const uint8_t* mask = masked ? allowed.data_ptr<uint8_t>() : nullptr;
+  const char* mask_data = masked ? static_cast<const char*>(mask.data_ptr()) : nullptr;
+  const int64_t element = masked ? mask.element_size() : 0;
   float* o = out.data_ptr<float>();
   at::parallel_for(0, s.batch * s.kv_heads * blocks, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> buffer(kRowsAtOnce * s.padded, 0.0f);
@@ -257,8 +287,7 @@ torch::Tensor attend(torch::Tensor query, torch::Tensor key, torch::Tensor value
     seen.reserve(s.keys);
     const float* qr[kRowsAtOnce];
     float* sr[kRowsAtOnce];
-    const uint8_t* row_mask[kRowsAtOnce];
-    int64_t limit[kRowsAtOnce];
+    RowMask row_mask[kRowsAtOnce];
     float* row_out[kRowsAtOnce];
     for (int64_t task = begin; task < end; ++task) {
       const int64_t bh = task / blocks, first = (task % blocks) * kRowsAtOnce;
@@ -268,18 +297,22 @@ torch::Tensor attend(torch::Tensor query, torch::Tensor key, torch::Tensor value
         const int64_t h = kvh * groups + (first + i) / s.rows, t = (first + i) % s.rows;
         qr[i] = q + ((b * s.heads + h) * s.rows + t) * s.dim;
         sr[i] = buffer.data() + i * s.padded;
-        row_mask[i] = mask ? mask + (b * s.rows + t) * s.keys : nullptr;
-        limit[i] = causal ? s.keys - s.rows + t + 1 : s.keys;
+        row_mask[i] = RowMask{};
+        row_mask[i].limit = causal ? s.keys - s.rows + t + 1 : s.keys;
+        if (masked) {
+          const char* row = mask_data + (b * mask_batch + t * mask_row) * element;
+          if (additive) row_mask[i].additive = reinterpret_cast<const float*>(row);
+          else row_mask[i].bytes = reinterpret_cast<const uint8_t*>(row);
+        }
         row_out[i] = o + ((b * s.rows + t) * s.heads + h) * s.dim;
       }
       const float* k = key.data_ptr<float>() + bh * s.keys * s.dim;
       const float* vh = v + bh * s.keys * s.dim;
       if (count == kRowsAtOnce) {
-        attend_rows<kRowsAtOnce>(qr, k, vh, row_mask, limit, s, scale, sr, row_out, seen);
+        attend_rows<kRowsAtOnce>(qr, k, vh, row_mask, s, scale, sr, row_out, seen);
       } else {
         for (int64_t i = 0; i < count; ++i)
-          attend_rows<1>(qr + i, k, vh, row_mask + i, limit + i, s, scale, sr + i, row_out + i,
-                         seen);
+          attend_rows<1>(qr + i, k, vh, row_mask + i, s, scale, sr + i, row_out + i, seen);
       }
     }
   });
@@ -290,6 +323,6 @@ torch::Tensor attend(torch::Tensor query, torch::Tensor key, torch::Tensor value
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("attend", &attend, "row-invariant attention, float32",
-        py::arg("query"), py::arg("key"), py::arg("value"), py::arg("allowed"),
+        py::arg("query"), py::arg("key"), py::arg("value"), py::arg("mask"),
         py::arg("causal"), py::arg("scale"));
 }

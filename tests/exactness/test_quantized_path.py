@@ -15,6 +15,7 @@ import lookahead
 from lookahead.kernels import Kernel
 from lookahead.kernels.packing import apply_packing, packing_of
 from lookahead.kernels.quant_linear import QuantLinear
+from lookahead.kernels.row_ops import GatedMLP, RowRMSNorm
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -44,6 +45,9 @@ def test_every_method_writes_what_the_quantized_model_writes(files, tmp_path, ca
     model, _ = _load(files[case], tmp_path)
     linears = [m for m in model.modules() if isinstance(m, QuantLinear)]
     assert len(linears) == 2 * 7 + 1 and model.dtype == torch.float32
+    # the norms and MLPs run on the row operations (lookahead.kernels.row_ops)
+    assert sum(isinstance(m, GatedMLP) for m in model.modules()) == 2
+    assert sum(isinstance(m, RowRMSNorm) for m in model.modules()) == 2 * 2 + 1
     options = {"draft_model": model} if method == "draft" else {}
     result = assert_greedy_matches_generate(model, PROMPT, 24, method, **options)
     if method == "draft":  # the model drafting for itself is always right: whole drafts kept
@@ -58,6 +62,11 @@ def test_the_packed_records_are_cached_and_read_back(files, tmp_path, caplog):
     with caplog.at_level(logging.WARNING, logger="lookahead"):
         second, _ = _load(path, tmp_path)
     assert not caplog.records
+    # packed or read back, every layer's records sit in one (huge-page) arena
+    for model in (first, second):
+        storages = {m.records.untyped_storage().data_ptr() for m in model.modules()
+                    if isinstance(m, QuantLinear)}
+        assert len(storages) == 1
     with torch.inference_mode():
         assert torch.equal(first(PROMPT).logits, second(PROMPT).logits)
     # A damaged cache is packed again, with a warning, and gives the same logits.

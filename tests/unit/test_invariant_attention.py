@@ -66,6 +66,21 @@ def test_a_row_gets_the_bits_of_its_own_pass() -> None:
         assert torch.equal(alone[:, 0], together[:, t]), t
 
 
+def test_strided_views_are_read_as_their_contiguous_copies() -> None:
+    """A cache's keys and values are views of buffers with spare columns, and the query a
+    transposed projection: the kernel reads them in place and gets the copies' bits."""
+    query, key, value = tensors(batch=2, rows=3, keys=29, dim=32)
+    layer = Layer(groups=3)
+    copies, _ = invariant_attention(layer, query, key, value, causal_mask(3, 29))
+    spare = torch.full((2, 2, 64, 32), float("nan"))  # a read past S would show
+    key_buffer, value_buffer = torch.cat([key, spare], dim=2), torch.cat([value, spare], dim=2)
+    query_t = query.transpose(1, 2).contiguous().transpose(1, 2)  # [B, H, T, D], strided
+    assert not query_t.is_contiguous() and not key_buffer[:, :, :29].is_contiguous()
+    views, _ = invariant_attention(layer, query_t, key_buffer[:, :, :29],
+                                   value_buffer[:, :, :29], causal_mask(3, 29))
+    assert torch.equal(views, copies)
+
+
 def test_masked_keys_gaps_and_other_batch_rows_change_no_bit() -> None:
     query, key, value = tensors(rows=4, keys=30)
     layer = Layer(groups=3)

@@ -119,8 +119,8 @@ def invariant_attention(
         scale = query.shape[-1] ** -0.5 if scaling is None else scaling
         causal = (attention_mask is None and query.shape[2] > 1 and (
             is_causal if is_causal is not None else getattr(module, "is_causal", True)))
-        out = load_attention_kernel().attend(query.contiguous(), key.contiguous(),
-                                             value.contiguous(), mask, bool(causal),
+        out = load_attention_kernel().attend(_last_contiguous(query), _last_contiguous(key),
+                                             _last_contiguous(value), mask, bool(causal),
                                              float(scale))
     if out is None:  # not this kernel's call, or a mask that is a bias: SDPA adds it
         return grouped_sdpa(module, query, key, value, attention_mask, dropout=dropout,
@@ -142,3 +142,9 @@ def _mask_rows(mask: torch.Tensor | None, query: torch.Tensor, key: torch.Tensor
         return None
     mask = mask[:, 0]
     return mask if mask.stride(-1) == 1 else mask.contiguous()
+
+
+def _last_contiguous(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor`` itself where its last dimension is contiguous (the kernel reads the other
+    strides as they are), else a contiguous copy."""
+    return tensor if tensor.stride(-1) == 1 else tensor.contiguous()

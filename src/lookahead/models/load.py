@@ -31,6 +31,7 @@ from lookahead.devices import resolve_device
 from lookahead.kernels.choice import Kernel, as_kernel
 from lookahead.kernels.grouped_attention import use_grouped_attention
 from lookahead.kernels.invariant_attention import use_invariant_attention
+from lookahead.kernels.row_ops import fuse_row_ops
 from lookahead.kernels.packing import check_packable_dtype, pack_weights
 from lookahead.models.gguf import (
     dequantise_to_cache,
@@ -144,6 +145,8 @@ def load_model(
         # decoding's, and a row of a batch writes what it writes alone.
         if grouped_attention and not use_invariant_attention(model):
             use_grouped_attention(model)
+        if compute == torch.float32:  # norms and MLPs in one call each (float32 kernels)
+            fuse_row_ops(model)
         return model, tokenizer
     check_packable_dtype(kernel, resolve_dtype(dtype))
     packs = kernel is not None and kernel.packs

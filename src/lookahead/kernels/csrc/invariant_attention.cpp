@@ -44,7 +44,8 @@ inline void store(float* p, Lanes v) { std::memcpy(p, &v, sizeof(v)); }
 
 struct Shapes {
   int64_t batch, heads, kv_heads, rows, keys, dim, padded;
-};
+  int64_t key_row, value_row;  // floats from one key (value) to the next: a cache's buffer
+};                             // may hold spare columns past S, so not always D
 
 // The lanes' sum, in one fixed order (halves, then quarters, ...).
 inline float lane_sum(Lanes v) {
@@ -104,17 +105,17 @@ void scores(const float* const* q, const float* key, const Shapes& s, float scal
   for (int64_t j0 = 0; j0 < blocks; j0 += kLanes) {
     for (int r = 0; r < R; ++r) {
       Lanes acc[kLanes];
-      for (int64_t l = 0; l < kLanes; ++l) acc[l] = dot_lanes(q[r], key + (j0 + l) * s.dim, whole);
+      for (int64_t l = 0; l < kLanes; ++l) acc[l] = dot_lanes(q[r], key + (j0 + l) * s.key_row, whole);
       Lanes sums = lane_sums(acc);
       if (whole < s.dim)
         for (int64_t l = 0; l < kLanes; ++l)
-          sums[l] = dot_rest(q[r], key + (j0 + l) * s.dim, whole, s.dim, sums[l]);
+          sums[l] = dot_rest(q[r], key + (j0 + l) * s.key_row, whole, s.dim, sums[l]);
       store(score[r] + j0, sums * scale);
     }
   }
   for (int64_t j = blocks; j < s.keys; ++j) {
     for (int r = 0; r < R; ++r) {
-      const float* k = key + j * s.dim;
+      const float* k = key + j * s.key_row;
       score[r][j] = dot_rest(q[r], k, whole, s.dim, lane_sum(dot_lanes(q[r], k, whole))) * scale;
     }
   }
@@ -186,10 +187,10 @@ float softmax(float* score, const RowMask& mask, const Shapes& s, std::vector<in
 // each other.
 template <int N>
 void weigh_blocks(const float* p, const std::vector<int32_t>& seen, const float* value,
-                  int64_t dim, int64_t first, Lanes* acc) {
+                  int64_t row, int64_t first, Lanes* acc) {
   for (int n = 0; n < N; ++n) acc[n] = Lanes{};
   for (const int32_t j : seen) {
-    const float* v = value + j * dim + first * kLanes;
+    const float* v = value + j * row + first * kLanes;
     for (int n = 0; n < N; ++n) acc[n] = acc[n] + p[j] * load(v + n * kLanes);
   }
 }
@@ -204,14 +205,14 @@ void weigh(const float* p, const std::vector<int32_t>& seen, const float* value,
   for (int64_t first = 0; first < blocks; first += kMost) {
     const int64_t count = std::min<int64_t>(kMost, blocks - first);
     switch (count) {
-      case 8: weigh_blocks<8>(p, seen, value, s.dim, first, acc); break;
-      case 7: weigh_blocks<7>(p, seen, value, s.dim, first, acc); break;
-      case 6: weigh_blocks<6>(p, seen, value, s.dim, first, acc); break;
-      case 5: weigh_blocks<5>(p, seen, value, s.dim, first, acc); break;
-      case 4: weigh_blocks<4>(p, seen, value, s.dim, first, acc); break;
-      case 3: weigh_blocks<3>(p, seen, value, s.dim, first, acc); break;
-      case 2: weigh_blocks<2>(p, seen, value, s.dim, first, acc); break;
-      default: weigh_blocks<1>(p, seen, value, s.dim, first, acc);
+      case 8: weigh_blocks<8>(p, seen, value, s.value_row, first, acc); break;
+      case 7: weigh_blocks<7>(p, seen, value, s.value_row, first, acc); break;
+      case 6: weigh_blocks<6>(p, seen, value, s.value_row, first, acc); break;
+      case 5: weigh_blocks<5>(p, seen, value, s.value_row, first, acc); break;
+      case 4: weigh_blocks<4>(p, seen, value, s.value_row, first, acc); break;
+      case 3: weigh_blocks<3>(p, seen, value, s.value_row, first, acc); break;
+      case 2: weigh_blocks<2>(p, seen, value, s.value_row, first, acc); break;
+      default: weigh_blocks<1>(p, seen, value, s.value_row, first, acc);
     }
     for (int64_t n = 0; n < count; ++n)
       for (int64_t l = 0; l < kLanes; ++l)
@@ -219,7 +220,7 @@ void weigh(const float* p, const std::vector<int32_t>& seen, const float* value,
   }
   for (int64_t d = blocks * kLanes; d < s.dim; ++d) {  // a D that is not a multiple of 16
     float sum = 0.0f;
-    for (const int32_t j : seen) sum = sum + p[j] * value[j * s.dim + d];
+    for (const int32_t j : seen) sum = sum + p[j] * value[j * s.value_row + d];
     out[d] = total > 0.0f ? sum / total : 0.0f;
   }
 }
@@ -257,10 +258,17 @@ torch::Tensor attend(torch::Tensor query, torch::Tensor key, torch::Tensor value
                      torch::Tensor mask, bool causal, double scale) {
   TORCH_CHECK(query.scalar_type() == torch::kFloat32 && key.scalar_type() == torch::kFloat32 &&
               value.scalar_type() == torch::kFloat32, "invariant attention takes float32");
-  TORCH_CHECK(query.is_contiguous() && key.is_contiguous() && value.is_contiguous(),
-              "query, key and value must be contiguous");
+  // Strided views are read in place (a cache's keys are a view of a larger buffer, the
+  // query a transposed projection): copying them cost 2 x 30 us a layer at 600 keys.
+  TORCH_CHECK(query.dim() == 4 && key.dim() == 4 && value.dim() == 4 && query.stride(3) == 1 &&
+              key.stride(3) == 1 && value.stride(3) == 1,
+              "query, key and value must be 4-D with their last dimension contiguous");
+  TORCH_CHECK(key.sizes() == value.sizes() && key.size(0) == query.size(0) &&
+              key.size(3) == query.size(3), "key and value must be [B, Hkv, S, D] for a "
+              "query [B, H, T, D]");
   const Shapes s{query.size(0), query.size(1), key.size(1), query.size(2), key.size(2),
-                 query.size(3), (key.size(2) + kLanes - 1) / kLanes * kLanes};
+                 query.size(3), (key.size(2) + kLanes - 1) / kLanes * kLanes,
+                 key.stride(2), value.stride(2)};
   TORCH_CHECK(s.heads % s.kv_heads == 0, "query heads must be a multiple of key/value heads");
   const bool masked = mask.numel() > 0;
   const bool additive = masked && mask.scalar_type() == torch::kFloat32;
@@ -295,7 +303,7 @@ torch::Tensor attend(torch::Tensor query, torch::Tensor key, torch::Tensor value
       const int64_t count = std::min(kRowsAtOnce, per_kv - first);
       for (int64_t i = 0; i < count; ++i) {
         const int64_t h = kvh * groups + (first + i) / s.rows, t = (first + i) % s.rows;
-        qr[i] = q + ((b * s.heads + h) * s.rows + t) * s.dim;
+        qr[i] = q + b * query.stride(0) + h * query.stride(1) + t * query.stride(2);
         sr[i] = buffer.data() + i * s.padded;
         row_mask[i] = RowMask{};
         row_mask[i].limit = causal ? s.keys - s.rows + t + 1 : s.keys;
@@ -306,8 +314,8 @@ torch::Tensor attend(torch::Tensor query, torch::Tensor key, torch::Tensor value
         }
         row_out[i] = o + ((b * s.rows + t) * s.heads + h) * s.dim;
       }
-      const float* k = key.data_ptr<float>() + bh * s.keys * s.dim;
-      const float* vh = v + bh * s.keys * s.dim;
+      const float* k = key.data_ptr<float>() + b * key.stride(0) + kvh * key.stride(1);
+      const float* vh = v + b * value.stride(0) + kvh * value.stride(1);
       if (count == kRowsAtOnce) {
         attend_rows<kRowsAtOnce>(qr, k, vh, row_mask, s, scale, sr, row_out, seen);
       } else {

@@ -185,7 +185,9 @@ class QuantEmbedding(nn.Module):
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         flat = input_ids.reshape(-1).to(torch.long).cpu()
-        rows = _raw_to_float(self.raw.index_select(0, flat), self.qtype, self.embedding_dim)
+        # Indexing, not index_select: for a few rows of this wide uint8 table index_select
+        # took about 320 us a call against 9 (torch 2.13, 2 threads), at every step.
+        rows = _raw_to_float(self.raw[flat], self.qtype, self.embedding_dim)
         rows = rows.to(device=input_ids.device, dtype=self.dtype)
         return rows.reshape(*input_ids.shape, self.embedding_dim)
 

@@ -1,5 +1,6 @@
 """Quality and memory of a GGUF model run three ways: de-quantised bfloat16 (the reference),
-quantized linears (``lookahead.models.gguf_quantized``) and llama.cpp on the same file.
+our default quantized path (``load_model`` of the GGUF: its linears kept as GGUF blocks) and
+llama.cpp on the same file.
 
 Quality: top-1 agreement of each engine's next-token predictions with the bfloat16 model's,
 teacher-forced over the bench data sets' prompts followed by their reference texts (HumanEval's
@@ -8,9 +9,9 @@ one), a few thousand positions in all. Memory: each engine runs in a process of 
 which reports its peak RSS (Linux's VmHWM) after loading the model and after a short greedy
 decode (before the teacher-forced passes, whose long inputs would hide what decoding needs).
 
-The quantized linears are ``lookahead.kernels.quant_linear.QuantLinear`` where that module
-exists, else ``lookahead.models.gguf_quantized.DequantisingLinear`` (exact, slow). llama.cpp runs
-through llama-cpp-python (``logits_all``); without it its row says so.
+The quantized path is what ``lookahead.load_model`` gives a GGUF model on the CPU
+(``QuantLinear`` layers, float32 between them). llama.cpp runs through llama-cpp-python
+(``logits_all``); without it its row says so.
 
     python benchmarks/quantized_quality.py --model smollm2-135m --tokens 3000 --threads 2 \\
         --out quality.json
@@ -118,27 +119,15 @@ def sequences(tokenizer, datasets: list[str], tokens: int, longest: int) -> list
 # ----------------------------------------------------------------------------- one engine
 
 
-def _linear_factory():
-    try:
-        from lookahead.kernels.quant_linear import QuantLinear, supported_qtypes
-    except ImportError:
-        from lookahead.models.gguf_quantized import DequantisingLinear
-
-        return DequantisingLinear, None, "DequantisingLinear"
-    return QuantLinear, supported_qtypes(), "QuantLinear"
-
-
 def _torch_engine(name: str, model_name: str, cache_dir):
-    from lookahead.models.gguf_quantized import load_quantized_model
     from lookahead.models.load import load_model
 
     if name == "bfloat16":
         model, _ = load_model(model_name, "bfloat16", cache_dir=cache_dir)
         return model, "de-quantised, bfloat16"
-    factory, supported, label = _linear_factory()
-    model, _ = load_quantized_model(model_name, factory, torch.bfloat16, cache_dir=cache_dir,
-                                    supported_qtypes=supported)
-    return model, f"{label}, bfloat16"
+    # the default path of a GGUF model on the CPU: QuantLinear, float32 between the linears
+    model, _ = load_model(model_name, cache_dir=cache_dir)
+    return model, "QuantLinear (default quantized path), float32"
 
 
 def run_child(args: argparse.Namespace) -> dict:

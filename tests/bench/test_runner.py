@@ -21,9 +21,14 @@ def test_bench_runs_every_method_and_writes_results(tiny, capsys) -> None:
     table = capsys.readouterr().out
     assert "| lookahead | float64 |" in table and "| hf | float32 |" in table
 
-    results = json.loads((out / "results.json").read_text())
+    text = (out / "results.json").read_text()
+    results = json.loads(text)
     assert results["config"]["methods"] == list(METHODS)
     assert results["config"]["options"]["lookahead"]["window"] == 3
+    # each run on a line of its own (its tokens inline), the rest indented
+    run_lines = [line for line in text.splitlines() if '"tokens": [' in line]
+    assert len(run_lines) == len(results["runs"]) > 0
+    assert [json.loads(line.strip().rstrip(",")) for line in run_lines] == results["runs"]
     rows = {(r["method"], r["dtype"]): r for r in results["summary"]["prompts"]}
     assert set(rows) == {(m, "float64") for m in METHODS} | {("hf", "float32")}
     for (method, dtype), row in rows.items():

@@ -27,6 +27,17 @@ from lookahead.bench.methods import BASELINE
 from lookahead.kernels.choice import Kernel
 from lookahead.profiles import recorded_kernel
 
+
+def _save(figure: Figure, path: str | Path) -> None:
+    """Write ``figure`` as a PNG of at most 256 colours: a third of the size of matplotlib's
+    own, and a plot has far fewer colours (the result files in docs/ are kept small)."""
+    from PIL import Image  # matplotlib's own dependency
+
+    figure.savefig(path, format="png")
+    with Image.open(path) as image:
+        palette = image.convert("RGB").quantize(colors=256, dither=Image.Dither.NONE)
+    palette.save(path, format="png", optimize=True)
+
 # One colour per method, in every figure (matplotlib's tab10 colours).
 METHOD_COLOURS: Mapping[str, str] = MappingProxyType({
     "hf": "#7f7f7f",                # grey: the baseline
@@ -105,7 +116,7 @@ def plot_speedups(results: dict, path: str | Path) -> Path:
         prompts = rows[0]["prompts"] if rows else 0
         axes.set_title(_bench_title(results, dataset, prompts, "Decoding speed"), fontsize=9)
     figure.tight_layout()
-    figure.savefig(path)
+    _save(figure, path)
     return Path(path)
 
 
@@ -180,7 +191,7 @@ def plot_tokens_per_step(results: dict, path: str | Path) -> Path:
         axes.legend(handles=handles, fontsize=8, title="large: all prompts; small: one prompt",
                     title_fontsize=7)
     figure.tight_layout()
-    figure.savefig(path)
+    _save(figure, path)
     return Path(path)
 
 
@@ -209,7 +220,7 @@ def plot_cost_curve(profile: dict, path: str | Path) -> Path:
     axes.legend(fontsize=8)
     axes.grid(True, alpha=0.3)
     figure.tight_layout()
-    figure.savefig(path)
+    _save(figure, path)
     return Path(path)
 
 
@@ -255,7 +266,7 @@ def plot_loadtest(report: dict, out_dir: str | Path) -> list[Path]:
         axes.legend(fontsize=7)
         axes.set_title(_loadtest_title(report, what), fontsize=9)
         figure.tight_layout()
-        figure.savefig(out / name)
+        _save(figure, out / name)
         written.append(out / name)
     return written
 

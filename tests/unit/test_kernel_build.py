@@ -28,3 +28,21 @@ def test_a_leftover_build_lock_is_removed_and_the_kernel_loads():
     assert done.stdout.strip().endswith("loaded")
     assert "left by a kernel build that was killed" in done.stderr
     assert not (folder / "lock").exists()
+
+
+def test_a_changed_header_changes_the_build_flags(tmp_path, monkeypatch):
+    """PyTorch rebuilds on changed sources or flags only: a header's hash rides in the flags."""
+    from torch.utils import cpp_extension
+
+    from lookahead.kernels import build
+
+    seen = []
+    monkeypatch.setattr(cpp_extension, "load", lambda **kw: seen.append(kw["extra_cflags"]))
+    monkeypatch.setattr(build, "build_folder", lambda name: tmp_path / name)
+    header = tmp_path / "helper.h"
+    for text in ("#define A 1\n", "#define A 1\n", "#define A 2\n"):
+        header.write_text(text)
+        build.compile_kernel("probe", [tmp_path / "probe.cpp"], ["-O3"], headers=(header,))
+    build.compile_kernel("probe", [tmp_path / "probe.cpp"], ["-O3"])
+    assert seen[0] == seen[1] != seen[2] and seen[3] == ["-O3", "-fopenmp"]
+    assert all(flag.startswith("-DLOOKAHEAD_HEADERS_SHA256_") for flag in (seen[0][1], seen[2][1]))

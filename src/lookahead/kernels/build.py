@@ -10,6 +10,7 @@ can only be such a leftover, and it is removed with a warning (:mod:`lookahead.c
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from pathlib import Path
 from types import ModuleType
@@ -27,14 +28,22 @@ def build_folder(name: str) -> Path:
     return Path(cpp_extension._get_build_directory(name, verbose=False))
 
 
-def compile_kernel(name: str, sources: list[Path], cflags: list[str]) -> ModuleType:
+def compile_kernel(name: str, sources: list[Path], cflags: list[str],
+                   headers: tuple[Path, ...] = ()) -> ModuleType:
     """Compile (first time) or load the extension ``name`` from ``sources`` with OpenMP.
+
+    ``headers``: files the sources include. PyTorch's builder decides whether to rebuild from
+    the sources and flags alone, so a hash of the headers goes into the flags (as a macro
+    that nothing reads): a changed header rebuilds the kernel instead of loading a stale one.
 
     Raises:
         RuntimeError / OSError / ImportError: the build failed (no compiler, say).
     """
     from torch.utils import cpp_extension
 
+    if headers:
+        digest = hashlib.sha256(b"".join(Path(h).read_bytes() for h in headers)).hexdigest()
+        cflags = [*cflags, f"-DLOOKAHEAD_HEADERS_SHA256_{digest[:16]}"]
     folder = build_folder(name)
     with cache_files.exclusive_lock(folder / "lookahead.lock"):
         cache_files.clear_stale_build_lock(folder)

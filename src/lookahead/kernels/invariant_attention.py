@@ -34,6 +34,7 @@ logger = logging.getLogger(__name__)
 
 ATTENTION_NAME = "lookahead_invariant"
 SOURCE = Path(__file__).parent / "csrc" / "invariant_attention.cpp"
+EXP_APPROX = Path(__file__).parent / "csrc" / "exp_approx.h"
 # Keyword arguments that change what attention computes; with any of them set, fall back.
 _EXTRA_TERMS = ("position_bias", "softcap", "s_aux", "sinks")
 
@@ -52,7 +53,8 @@ def load_attention_kernel() -> ModuleType:
     logger.info("loading the row-invariant attention kernel (compiled on first use)")
     # -ffp-contract=off: no fused multiply-adds, so every lane and remainder rounds alike.
     return compile_kernel(f"lookahead_invariant_attention_{isa}", [SOURCE],
-                          ["-O3", "-ffp-contract=off", *ISA_FLAGS[isa]])
+                          ["-O3", "-ffp-contract=off", *ISA_FLAGS[isa]],
+                          headers=(EXP_APPROX,))
 
 
 def invariant_attention_problem(model) -> str | None:

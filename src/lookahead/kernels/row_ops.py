@@ -30,6 +30,7 @@ from lookahead.kernels.quant_linear import ISA_FLAGS, QuantLinear, best_isa
 logger = logging.getLogger(__name__)
 
 SOURCES = [Path(__file__).parent / "csrc" / "row_ops.cpp"]
+EXP_APPROX = Path(__file__).parent / "csrc" / "exp_approx.h"
 
 
 @functools.cache  # the build is per process anyway: a loaded extension stays imported
@@ -42,7 +43,8 @@ def load_row_ops() -> ModuleType:
     """
     isa = best_isa()
     return compile_kernel(f"lookahead_row_ops_{isa}", SOURCES,
-                          ["-O3", "-ffp-contract=off", *ISA_FLAGS[isa]])
+                          ["-O3", "-ffp-contract=off", *ISA_FLAGS[isa]],
+                          headers=(EXP_APPROX,))
 
 
 def row_ops_problem() -> str | None:

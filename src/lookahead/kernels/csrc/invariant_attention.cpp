@@ -32,6 +32,8 @@
 #include <limits>
 #include <vector>
 
+#include "exp_approx.h"
+
 namespace {
 
 constexpr int64_t kLanes = 16;      // floats a vector: dimensions of a dot product or output
@@ -121,30 +123,9 @@ void scores(const float* const* q, const float* key, const Shapes& s, float scal
   }
 }
 
-// exp(score - top) of a row's scores, in place, in 16-lane blocks over the padded length:
-// 2^n * p(r), r = x - n ln 2, to a few ulp.
+// exp(score - top) of a row's scores, in place, over the padded length (exp_approx.h).
 void exponentiate(float* score, float top, int64_t padded) {
-  for (int64_t j0 = 0; j0 < padded; j0 += kLanes) {
-    float x[kLanes];
-    int32_t e[kLanes];
-    for (int64_t l = 0; l < kLanes; ++l) {
-      const float y = std::max(score[j0 + l] - top, -87.0f);
-      const float n = (y * 1.44269504f + 12582912.0f) - 12582912.0f;  // round to nearest
-      const float r = (y - n * 0.693359375f) + n * 2.12194440e-4f;  // n * 0.693359375 exact
-      float p = 1.98756912e-4f;
-      p = p * r + 1.39819994e-3f;
-      p = p * r + 8.33345205e-3f;
-      p = p * r + 4.16657962e-2f;
-      p = p * r + 1.66666657e-1f;
-      p = p * r + 5.0e-1f;
-      x[l] = (p * r) * r + r + 1.0f;
-      e[l] = static_cast<int32_t>(n) * (1 << 23);
-    }
-    int32_t bits[kLanes];
-    std::memcpy(bits, x, sizeof(bits));
-    for (int64_t l = 0; l < kLanes; ++l) bits[l] += e[l];  // times 2^n
-    std::memcpy(score + j0, bits, sizeof(bits));
-  }
+  for (int64_t j = 0; j < padded; ++j) score[j] = lookahead::exp_approx(score[j] - top);
 }
 
 // Which keys a query row sees: its row of a bool mask (``bytes``, nonzero: sees), or of an

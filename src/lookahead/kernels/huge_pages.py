@@ -16,6 +16,7 @@ either way.
 from __future__ import annotations
 
 import logging
+import math
 import mmap
 
 import torch
@@ -54,13 +55,8 @@ class Arena:
     @staticmethod
     def size_of(shapes_and_dtypes) -> int:
         """The bytes an arena needs for tensors of these (shape, dtype) pairs."""
-        total = 0
-        for shape, dtype in shapes_and_dtypes:
-            count = 1
-            for size in shape:
-                count *= int(size)
-            total += -(-count * dtype.itemsize // ALIGN) * ALIGN
-        return total
+        return sum(-(-math.prod(shape) * dtype.itemsize // ALIGN) * ALIGN
+                   for shape, dtype in shapes_and_dtypes)
 
     def place(self, nbytes: int) -> torch.Tensor:
         """The next ``nbytes`` of the arena, uint8 [nbytes], for the caller to fill.

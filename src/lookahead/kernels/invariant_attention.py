@@ -142,8 +142,7 @@ def _mask_rows(mask: torch.Tensor | None, query: torch.Tensor, key: torch.Tensor
             or mask.shape[2] != rows or mask.shape[3] < key.shape[2]
             or mask.dtype not in (torch.bool, torch.float32)):
         return None
-    mask = mask[:, 0]
-    return mask if mask.stride(-1) == 1 else mask.contiguous()
+    return _last_contiguous(mask[:, 0])
 
 
 def _last_contiguous(tensor: torch.Tensor) -> torch.Tensor:

@@ -31,8 +31,8 @@ from lookahead.devices import resolve_device
 from lookahead.kernels.choice import Kernel, as_kernel
 from lookahead.kernels.grouped_attention import use_grouped_attention
 from lookahead.kernels.invariant_attention import use_invariant_attention
-from lookahead.kernels.row_ops import fuse_row_ops
 from lookahead.kernels.packing import check_packable_dtype, pack_weights
+from lookahead.kernels.row_ops import fuse_row_ops
 from lookahead.models.gguf import (
     dequantise_to_cache,
     find_gguf,

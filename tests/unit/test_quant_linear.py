@@ -30,7 +30,7 @@ from lookahead.kernels.quant_linear import (
 QTYPES = sorted(supported_qtypes())
 NAMES = {t: qf.FORMATS[t].name for t in QTYPES}
 # byte offsets of the float16 scales in each GGUF block (random bytes there could be NaN)
-HALF_FIELDS = {qf.Q4_0: [0], qf.Q4_1: [0, 2], qf.Q8_0: [0], qf.Q4_K: [0, 2], qf.Q6_K: [208]}
+HALF_FIELDS = {qf.Q4_0: [0], qf.Q4_1: [0, 2], qf.Q5_0: [0], qf.Q8_0: [0], qf.Q4_K: [0, 2], qf.Q6_K: [208]}
 ISAS = [isa for isa in ql.ISA_FLAGS if quant_kernel_problem(isa) is None]
 needs_kernel = pytest.mark.skipif(not ISAS, reason=str(quant_kernel_problem()))
 
@@ -89,7 +89,8 @@ def test_pack_unpack_round_trip(qtype, groups, extra, blocks, seed):
 def test_bits_per_weight_stay_near_gguf():
     bits = {qf.FORMATS[t].name: qf.FORMATS[t].record_bytes * 8 / (16 * qf.FORMATS[t].block)
             for t in QTYPES}
-    assert bits == {"Q4_0": 4.5, "Q4_1": 5.0, "Q8_0": 8.5, "Q4_K": 4.625, "Q6_K": 6.5625}
+    assert bits == {"Q4_0": 4.5, "Q4_1": 5.0, "Q5_0": 5.5, "Q8_0": 8.5, "Q4_K": 4.625,
+                    "Q6_K": 6.5625}
 
 
 def test_activation_rounding_error_is_half_a_step():
@@ -241,17 +242,41 @@ def test_kernel_rows_give_the_bits_of_one_row_passes(isa, qtype):
 
 @settings(max_examples=20, deadline=None)
 @given(rows=st.integers(1, 9), blocks=st.integers(1, 4), seed=st.integers(0, 2**16))
-def test_q5_0_blocks_widen_to_q8_0_blocks_of_the_same_values(rows, blocks, seed) -> None:
-    """A Q5_0 weight, (q - 16) * d with q in 0..31, is held exactly by a Q8_0 block: the
-    widened rows de-quantise (gguf's own code) to the same floats, and a layer on them is a
-    Q8_0 QuantLinear."""
+def test_q5_0_layers_hold_gguf_values_at_5_5_bits(rows, blocks, seed) -> None:
+    """A Q5_0 weight, (q - 16) * d with q in 0..31, keeps its fifth bit in its own plane: the
+    records hold gguf's values exactly in 22 bytes per 32 weights, as the file does."""
     rng = np.random.default_rng(seed)
     weights = (rng.standard_normal((rows, 32 * blocks)) * rng.uniform(0.01, 3)).astype(np.float32)
     raw = gguf.quants.quantize(weights, gguf.GGMLQuantizationType.Q5_0)
-    wide = qf.widen_q5_0(raw)
-    assert wide.dtype == np.uint8 and wide.shape == (rows, 34 * blocks)
+    layer = QuantLinear(torch.from_numpy(raw), qf.Q5_0, 32 * blocks)
     expected = gguf.quants.dequantize(raw, gguf.GGMLQuantizationType.Q5_0)
-    assert np.array_equal(gguf.quants.dequantize(wide, gguf.GGMLQuantizationType.Q8_0), expected)
-    layer = QuantLinear(torch.from_numpy(wide), qf.WIDENED[qf.Q5_0], 32 * blocks)
-    held = qf.dequantize(qf.unpack(layer.records, qf.Q8_0, rows), qf.Q8_0)
-    assert torch.equal(held, torch.from_numpy(expected).double())
+    assert torch.equal(layer.dequantized(), torch.from_numpy(expected).double())
+    assert layer.records.numel() == -(-rows // 16) * 16 * blocks * 22
+
+
+@pytest.mark.parametrize("kernel", [None, False])
+def test_first_outputs_share_the_records_and_give_the_first_outputs(kernel):
+    whole = layer(qf.Q6_K, 72, 256, bias=torch.randn(72), kernel=kernel)
+    part = whole.first_outputs(32)
+    assert part.out_features == 32
+    assert part.records.data_ptr() == whole.records.data_ptr()  # a view, nothing copied
+    x = torch.randn(3, 256)
+    assert torch.equal(part(x), whole(x)[:, :32])
+    with pytest.raises(ValueError, match="count: expected a positive multiple of 16 up to 72"):
+        whole.first_outputs(24)
+    with pytest.raises(ValueError, match="count: expected"):
+        whole.first_outputs(80)
+
+
+def test_the_kernel_takes_leading_dimensions_and_the_bias_itself():
+    """forward hands [..., I] and the bias to the kernel: the same bits as rows, then + bias."""
+    bias = torch.randn(40)
+    module = layer(qf.Q4_K, 40, 256, bias=bias)
+    if module.isa is None:
+        pytest.skip(quant_kernel_problem())
+    x = torch.randn(2, 3, 256)
+    expected = (module.kernel_sums(x.reshape(6, 256)) + bias).reshape(2, 3, 40)
+    assert torch.equal(module(x), expected)
+    assert torch.equal(module(x[0, 0]), expected[0, 0])
+    with pytest.raises(ValueError, match=r"x: expected \[\.\.\., 256\]"):
+        module(torch.randn(2, 128))

@@ -10,6 +10,7 @@ type  block  sub  offset  sc, m per sub-block         d, dmin per block
 ====  =====  ===  ======  ==========================  ====================
 Q4_0     32   32       8  1, none                     d
 Q4_1     32   32       0  1, 1                        d, -min
+Q5_0     32   32      16  1, none                     d
 Q8_0     32   32     128  1, none                     d (q = stored int8 + 128)
 Q4_K    256   32       0  6-bit, 6-bit                d, dmin
 Q6_K    256   16      32  int8, none                  d
@@ -26,11 +27,13 @@ each group and block one record of bytes, in this order:
   inputs, 64 bytes, byte ``b`` of output ``l`` is input ``b``);
 - Q6_K only: the quants' two high bits, for each 16 inputs 64 bytes; bits ``2k, 2k+1`` of byte
   ``b`` of output ``l`` belong to input ``4k + b``;
+- Q5_0 only: the quants' fifth bits, for each 32 inputs 64 bytes; bit ``k`` of byte ``b`` of
+  output ``l`` belongs to input ``4k + b``;
 - K-types only: ``sc`` as bytes [sub-block][16 outputs]; Q4_K's ``m`` as byte pairs
   [sub-block pair][16 outputs][2];
 - ``d`` as float16 [16 outputs], then ``dmin`` where the type has one.
 
-Bits per weight: Q4_0 4.5, Q4_1 5.0, Q8_0 8.5, Q4_K 4.625 (GGUF: 4.5; the 6-bit scales take a
+Bits per weight: Q4_0 4.5, Q4_1 5.0, Q5_0 5.5, Q8_0 8.5, Q4_K 4.625 (GGUF: 4.5; the 6-bit scales take a
 byte each), Q6_K 6.5625 (as GGUF).
 """
 
@@ -42,7 +45,7 @@ import numpy as np
 import torch
 
 # gguf.GGMLQuantizationType values (gguf is imported only where files are read)
-Q4_0, Q4_1, Q8_0, Q4_K, Q6_K = 2, 3, 8, 12, 14
+Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K = 2, 3, 6, 8, 12, 14
 LANES = 16  # outputs per group: one AVX-512 register of int32
 
 
@@ -56,13 +59,13 @@ class QuantFormat:
     sub: int           # inputs per sub-block scale
     offset: int        # subtracted from the unsigned quants
     has_min: bool      # whether a dmin * m term is subtracted
-    bits: int          # 4, 6 or 8
+    bits: int          # 4, 5, 6 or 8
 
     @property
     def record_bytes(self) -> int:
         """Bytes of one packed record: 16 outputs x ``block`` inputs."""
         quants = self.block * LANES * (8 if self.bits == 8 else 4) // 8
-        high = self.block * LANES * 2 // 8 if self.bits == 6 else 0
+        high = self.block * LANES * (self.bits - 4) // 8 if self.bits in (5, 6) else 0
         subs = self.block // self.sub
         scales = subs * LANES * (2 if self.has_min else 1) if self.block > 32 else 0
         return quants + high + scales + LANES * 2 * (2 if self.has_min else 1)
@@ -71,6 +74,7 @@ class QuantFormat:
 FORMATS = {
     Q4_0: QuantFormat("Q4_0", 32, 18, 32, 8, False, 4),
     Q4_1: QuantFormat("Q4_1", 32, 20, 32, 0, True, 4),
+    Q5_0: QuantFormat("Q5_0", 32, 22, 32, 16, False, 5),
     Q8_0: QuantFormat("Q8_0", 32, 34, 32, 128, False, 8),
     Q4_K: QuantFormat("Q4_K", 256, 144, 32, 0, True, 4),
     Q6_K: QuantFormat("Q6_K", 256, 210, 16, 32, False, 6),
@@ -125,6 +129,11 @@ def parse(raw: np.ndarray, qtype: int) -> QuantParts:
         dmin = -_f16(blocks[..., 2:4]) if qtype == Q4_1 else None
         return QuantParts(q, ones, ones if qtype == Q4_1 else None,
                           _f16(blocks[..., 0:2]), dmin)
+    if qtype == Q5_0:  # d[2] qh[4] qs[16]: weight j's fifth bit is bit j of qh
+        qh = blocks[..., 2:6].copy().view("<u4")                      # [out, n, 1]
+        high = ((qh >> np.arange(32, dtype=np.uint32)) & 1).astype(np.uint8)
+        q = _nibbles(blocks[..., 6:22], 16) | (high << 4)
+        return QuantParts(q.reshape(out, -1), ones, None, _f16(blocks[..., 0:2]), None)
     if qtype == Q8_0:
         q = (blocks[..., 2:].view(np.int8).astype(np.int16) + 128).astype(np.uint8)
         return QuantParts(q.reshape(out, -1), ones, None,
@@ -169,6 +178,10 @@ def pack(parts: QuantParts, qtype: int) -> torch.Tensor:
         low = q & 15
         eight = low.reshape(groups, LANES, blocks, -1, 2, 4)
         pieces.append((eight[..., 0, :] | (eight[..., 1, :] << 4)).transpose(0, 2, 3, 1, 4))
+    if fmt.bits == 5:   # bit k of byte b: input 4k + b
+        high = (q >> 4).reshape(groups, LANES, blocks, 8, 4)
+        bits = np.bitwise_or.reduce(high << np.arange(8, dtype=np.uint8).reshape(8, 1), axis=3)
+        pieces.append(bits.transpose(0, 2, 1, 3))
     if fmt.bits == 6:
         high = (q >> 4).reshape(groups, LANES, blocks, -1, 4, 4)   # [.., 16ths, k, b]
         bits = high[..., 0, :] | (high[..., 1, :] << 2) | (high[..., 2, :] << 4) | (
@@ -213,6 +226,9 @@ def unpack(records: torch.Tensor, qtype: int, out_features: int) -> QuantParts:
     else:
         eight = take(fmt.block * LANES // 2).reshape(groups, blocks, -1, LANES, 1, 4)
         q = rows((eight >> np.array([0, 4], np.uint8).reshape(2, 1)) & 15, 2, 4)
+    if fmt.bits == 5:
+        high = take(fmt.block * LANES // 8).reshape(groups, blocks, 1, LANES, 1, 4)
+        q = q | (rows((high >> np.arange(8, dtype=np.uint8).reshape(8, 1)) & 1, 8, 4) << 4)
     if fmt.bits == 6:
         high = take(fmt.block * LANES // 4).reshape(groups, blocks, -1, LANES, 1, 4)
         shifts = (2 * np.arange(4, dtype=np.uint8)).reshape(4, 1)
@@ -297,29 +313,4 @@ def dequantize(parts: QuantParts, qtype: int) -> torch.Tensor:
         dmin = torch.from_numpy(np.repeat(parts.dmin.astype(np.float64), per, axis=1))
         w = w - (dmin * torch.from_numpy(parts.m.astype(np.float64)))[..., None]
     return w.reshape(out, width)
-
-
-Q5_0 = 6  # gguf.GGMLQuantizationType.Q5_0: d (float16), qh (32 high bits), qs (32 low nibbles)
-WIDENED = {Q5_0: Q8_0}  # types taken by rewriting their blocks, losslessly, as another
-
-
-def widen_q5_0(raw: np.ndarray) -> np.ndarray:
-    """Q5_0 rows (uint8 [rows, blocks * 22]) rewritten as Q8_0 rows (uint8 [rows, blocks *
-    34]) of the same values: a Q5_0 weight is ``(q - 16) * d`` with q in 0..31, which a Q8_0
-    block holds exactly as the int8 ``q - 16`` beside the same float16 ``d``. 8.5 bits a weight
-    instead of 5.5, but on the integer kernel rather than de-quantised to float.
-
-    In a block, weight j < 16 has its low 4 bits in the low nibble of ``qs[j]``, weight
-    j >= 16 in the high nibble of ``qs[j - 16]``; bit j of ``qh`` is weight j's fifth bit.
-    """
-    rows = raw.shape[0]
-    blocks = np.ascontiguousarray(raw).reshape(rows, -1, 22)
-    d = blocks[..., 0:2]
-    qh = blocks[..., 2:6].copy().view("<u4")  # [rows, blocks, 1]
-    qs = blocks[..., 6:22]
-    low = np.concatenate([qs & 0x0F, qs >> 4], axis=-1)  # [rows, blocks, 32]
-    high = (qh >> np.arange(32, dtype=np.uint32)) & 1
-    q = (low.astype(np.int16) | (high.astype(np.int16) << 4)) - 16
-    out = np.concatenate([d, q.astype(np.int8).view(np.uint8)], axis=-1)
-    return np.ascontiguousarray(out.reshape(rows, -1))
 

@@ -178,16 +178,51 @@ class QuantLinear(torch.nn.Module):
         """x: [..., in_features] float32 or bfloat16 -> [..., out_features], x's dtype."""
         if x.shape[-1] != self.in_features:
             raise ValueError(f"x: expected [..., {self.in_features}], got {tuple(x.shape)}")
-        rows = x.reshape(-1, self.in_features)
-        if self._linear is not None:
-            y = self._linear(rows, self.records, self.qtype, self.out_features, self.bias,
-                             False, self.tile)
-        else:
-            y = self.reference(rows)
-            if self.bias is not None:
-                y = y + self.bias
-            y = y.to(x.dtype)
-        return y.reshape(*x.shape[:-1], self.out_features)
+        if self._linear is not None:  # the kernel takes the leading dimensions and the bias
+            return self._linear(x, self.records, self.qtype, self.out_features, self.bias,
+                                False, self.tile)
+        y = self.reference(x.reshape(-1, self.in_features))
+        if self.bias is not None:
+            y = y + self.bias
+        return y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
+
+    def first_outputs(self, count: int) -> QuantLinear:
+        """This layer cut to its first ``count`` outputs (a positive multiple of 16, at most
+        ``out_features``), sharing its records: nothing is copied, as the records hold 16
+        outputs each. A draft model's output layer over the commonest token ids, say.
+        """
+        if (not isinstance(count, int) or isinstance(count, bool)
+                or not 0 < count <= self.out_features or count % quant_formats.LANES):
+            raise ValueError(f"count: expected a positive multiple of {quant_formats.LANES} "
+                             f"up to {self.out_features}, got {count!r}")
+        bias = None if self.bias is None else self.bias[:count]
+        return self._with_records(self.records[:count // quant_formats.LANES], bias)
+
+    def output_groups(self, groups: torch.Tensor) -> QuantLinear:
+        """A layer of the outputs ``16 g .. 16 g + 15`` of each group g in ``groups`` (int64
+        [G']), in that order: [..., in_features] -> [..., 16 G'] (a copy of those records).
+        Outputs past ``out_features`` in the last group come out as the records' padding."""
+        lanes = quant_formats.LANES
+        if groups.dim() != 1 or groups.numel() == 0 or int(groups.min()) < 0 or \
+                int(groups.max()) >= self.records.shape[0]:
+            raise ValueError(f"groups: expected a non-empty 1-D tensor of groups below "
+                             f"{self.records.shape[0]}, got {groups.tolist()}")
+        bias = None
+        if self.bias is not None:
+            padded = torch.nn.functional.pad(self.bias, (0, self.records.shape[0] * lanes
+                                                         - self.out_features))
+            bias = padded.view(-1, lanes)[groups].flatten()
+        return self._with_records(self.records[groups], bias)
+
+    def _with_records(self, records: torch.Tensor, bias: torch.Tensor | None) -> QuantLinear:
+        """A layer like this one on ``records`` (uint8 [G', blocks, record])."""
+        fmt = FORMATS[self.qtype]
+        row_bytes = self.in_features // fmt.block * fmt.type_size
+        count = records.shape[0] * quant_formats.LANES if bias is None else bias.shape[0]
+        shape_only = torch.empty(1, row_bytes, dtype=torch.uint8).expand(count, row_bytes)
+        return QuantLinear(shape_only, self.qtype, self.in_features, bias,
+                           kernel=self._linear is not None, isa=self.isa, tile=self.tile,
+                           records=records)
 
     def kernel_sums(self, rows: torch.Tensor) -> torch.Tensor:
         """The compiled kernel's float32 sums (before the bias): rows [N, in_features] ->

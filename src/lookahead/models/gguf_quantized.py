@@ -51,7 +51,6 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
-from lookahead.kernels.quant_formats import WIDENED, widen_q5_0
 from lookahead.models.gguf_tensors import (
     DequantisingLinear,
     GgufFile,
@@ -336,10 +335,6 @@ def _make_linear(tensor: GgufTensor, bias: torch.Tensor | None, linear_factory: 
     out_features, in_features = tensor.shape
     if supported_qtypes is None or tensor.qtype in supported_qtypes:
         return linear_factory(_raw(tensor), tensor.qtype, in_features, bias)
-    if tensor.qtype in WIDENED and WIDENED[tensor.qtype] in supported_qtypes:
-        # Q5_0 (a 0.5B Qwen keeps 133 tensors in it): the same values in Q8_0 blocks.
-        raw = torch.from_numpy(widen_q5_0(tensor.data))
-        return linear_factory(raw, WIDENED[tensor.qtype], in_features, bias)
     linear = nn.Linear(in_features, out_features, bias=bias is not None, dtype=dtype)
     linear.weight = nn.Parameter(torch.from_numpy(tensor.dequantised()).to(dtype),
                                  requires_grad=False)

@@ -1,4 +1,5 @@
-// y = x @ W.T + b for a weight W kept in GGUF's quantized blocks (Q4_0, Q4_1, Q8_0, Q4_K, Q6_K)
+// y = x @ W.T + b for a weight W kept in GGUF's quantized blocks (Q4_0, Q4_1, Q5_0, Q8_0, Q4_K,
+// Q6_K)
 // and a few rows x, by integer dot products: each weight is read from memory once per pass and
 // multiplied into up to kRows token rows.
 //
@@ -27,7 +28,7 @@
 // (b) a row's result does not depend on the rows beside it: k rows give the bits of k passes
 //     of one row.
 // The layout (quant_formats.py's docstring) keeps the GGUF sizes: Q4_K 4.625 bits a weight
-// (its 6-bit scales widened to bytes), Q6_K 6.5625, Q4_0 4.5, Q4_1 5, Q8_0 8.5.
+// (its 6-bit scales widened to bytes), Q6_K 6.5625, Q4_0 4.5, Q4_1 5, Q5_0 5.5, Q8_0 8.5.
 //
 // Built twice by quant_linear.py: with -mavx512vnni (and BW, VL, F16C) or with -mavx2 and
 // F16C; the same templates serve both through the traits struct V, defined per build below.
@@ -40,10 +41,11 @@
 #include <cmath>
 #include <cstring>
 #include <utility>
+#include <vector>
 
 namespace {
 
-enum QType : int { kQ4_0 = 2, kQ4_1 = 3, kQ8_0 = 8, kQ4_K = 12, kQ6_K = 14 };
+enum QType : int { kQ4_0 = 2, kQ4_1 = 3, kQ5_0 = 6, kQ8_0 = 8, kQ4_K = 12, kQ6_K = 14 };
 constexpr int kGroup = 16;          // outputs per record
 // Bytes of records ahead to ask memory for. Without it, a pass of 8 rows over a Q4_K layer
 // read from memory took 1.8 times its time from cache (memory and arithmetic did not
@@ -72,6 +74,8 @@ struct V {
   static I or_(I a, I b) { return _mm512_or_si512(a, b); }
   template <int S> static I srl(I a) { return _mm512_srli_epi16(a, S); }
   template <int S> static I sll(I a) { return _mm512_slli_epi16(a, S); }
+  static I sll_n(I a, unsigned n) { return _mm512_slli_epi16(a, n); }
+  static I srl_n(I a, unsigned n) { return _mm512_srli_epi16(a, n); }
   static I dot(I acc, I u, I s) { return _mm512_dpbusd_epi32(acc, u, s); }
   static I dot_q8(I acc, I u, I s) { return _mm512_dpbusd_epi32(acc, u, s); }
   static I dot16(I acc, I a, I b) { return _mm512_dpwssd_epi32(acc, a, b); }
@@ -114,6 +118,8 @@ struct V {
   static I or_(I a, I b) { return _mm256_or_si256(a, b); }
   template <int S> static I srl(I a) { return _mm256_srli_epi16(a, S); }
   template <int S> static I sll(I a) { return _mm256_slli_epi16(a, S); }
+  static I sll_n(I a, int n) { return _mm256_slli_epi16(a, n); }
+  static I srl_n(I a, int n) { return _mm256_srli_epi16(a, n); }
   // u * s by bytes, pairs summed to int16 (no saturation: u <= 63 here), then pairs to int32
   static I dot(I acc, I u, I s) {
     return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s),
@@ -262,14 +268,22 @@ void q6k(const uint8_t* rec, int64_t /*count*/, const Rows& a, const uint8_t* ah
   finish<R, false>(isum, isum, V::half(rec + 3328 + 2 * lane0), V::setf(0.f), a, 0, first);
 }
 
-// `count` blocks of 32 inputs (Q4_0, Q4_1, Q8_0), one float16 scale (and min) each.
+// Q5_0's fifth bits: bit k of each byte of h, moved to bit 4 (the bytes' other bits cleared).
+// Shifts of 16-bit lanes by at most 4 keep bit 4 of each byte within its byte.
+inline I fifth_bit(I h, int k) {
+  const I bit = V::set8(0x10);
+  return V::and_(k <= 4 ? V::sll_n(h, 4 - k) : V::srl_n(h, k - 4), bit);
+}
+
+// `count` blocks of 32 inputs (Q4_0, Q4_1, Q5_0, Q8_0), one float16 scale (and min) each.
 template <int R, int QT>
 void small(const uint8_t* rec, int64_t count, const Rows& a, const uint8_t* ahead, int lane0,
            bool first) {
-  constexpr bool kByte = QT == kQ8_0;
-  constexpr int64_t kQuantBytes = kByte ? 512 : 256;
+  constexpr bool kByte = QT == kQ8_0, kFive = QT == kQ5_0;
+  constexpr int64_t kQuantBytes = kByte ? 512 : (kFive ? 256 + 64 : 256);  // Q5_0: + bits
   constexpr int64_t kBytes = kQuantBytes + (QT == kQ4_1 ? 64 : 32);
-  constexpr int32_t kOffset = QT == kQ4_0 ? 8 : (kByte && V::kQ8Offset ? 128 : 0);
+  constexpr int32_t kOffset =
+      QT == kQ4_0 ? 8 : (kFive ? 16 : (kByte && V::kQ8Offset ? 128 : 0));
   constexpr int S = R >= 4 ? 1 : 4 / R;   // independent sums per row, as in q4k
   const I low = V::set8(0x0F);
   I acc[R][S], msum[R];
@@ -288,7 +302,12 @@ void small(const uint8_t* rec, int64_t count, const Rows& a, const uint8_t* ahea
         for (int r = 0; r < R; ++r)
           acc[r][c % S] = V::dot_q8(acc[r][c % S], p, bcast(x + r * a.ldx + 4 * c));
       } else {
-        const I lo = V::and_(p, low), hi = V::and_(V::srl<4>(p), low);
+        I lo = V::and_(p, low), hi = V::and_(V::srl<4>(p), low);
+        if constexpr (kFive) {   // inputs 8c + b and 8c + 4 + b: bits 2c and 2c + 1
+          const I h = V::load(rec + 256 + lane0 * 4);
+          lo = V::or_(lo, fifth_bit(h, 2 * c));
+          hi = V::or_(hi, fifth_bit(h, 2 * c + 1));
+        }
         for (int r = 0; r < R; ++r) {
           I& even = acc[r][(2 * c) % S];
           even = V::dot(even, lo, bcast(x + r * a.ldx + 8 * c));
@@ -333,11 +352,12 @@ Format format_of(int64_t qtype) {
   switch (qtype) {
     case kQ4_0: return {32, 32, 288, 8};
     case kQ4_1: return {32, 32, 320, 8};
+    case kQ5_0: return {32, 32, 352, 8};
     case kQ8_0: return {32, 32, 544, 8};
     case kQ4_K: return {256, 32, 2368, 1};
     case kQ6_K: return {256, 16, 3360, 1};
-    default: TORCH_CHECK(false, "qtype: expected one of Q4_0 (2), Q4_1 (3), Q8_0 (8), Q4_K (12), "
-                         "Q6_K (14), got ", qtype);
+    default: TORCH_CHECK(false, "qtype: expected one of Q4_0 (2), Q4_1 (3), Q5_0 (6), Q8_0 (8), "
+                         "Q4_K (12), Q6_K (14), got ", qtype);
   }
   return {};
 }
@@ -421,24 +441,40 @@ void quantize_rows(const float* x, int64_t n, int64_t width, int64_t block, int6
                      dx + r * (width / block) + b, xs + r * (width / sub) + b * (block / sub));
 }
 
+// y [N, O] float32 += bias [O] (float32 sums, as PyTorch's y + bias rounds them)
+void add_bias(torch::Tensor& y, const torch::Tensor& bias) {
+  TORCH_CHECK(bias.dim() == 1 && bias.size(0) == y.size(1), "bias: expected [", y.size(1),
+              "], got ", bias.sizes());
+  const torch::Tensor b = bias.to(torch::kFloat).contiguous();
+  const float* pb = b.data_ptr<float>();
+  float* py = y.data_ptr<float>();
+  const int64_t n = y.size(0), o = y.size(1);
+  for (int64_t r = 0; r < n; ++r)
+    for (int64_t j = 0; j < o; ++j) py[r * o + j] += pb[j];
+}
+
 }  // namespace
 
-// x [N, I] float32 or bfloat16, records uint8 [G, blocks, record] -> [N, out_features], in x's
-// dtype, or the float32 sums (before the bias) with float_output.
+// x [..., I] float32 or bfloat16, records uint8 [G, blocks, record] -> [..., out_features] in
+// x's dtype, or the float32 sums [N, out_features] (before the bias) with float_output. The
+// leading dimensions and the bias are handled here, not in Python: a decoding step calls this
+// about 200 times, and each Python-side reshape or add cost a microsecond or two.
 torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& records, int64_t qtype,
                      int64_t out_features, const c10::optional<torch::Tensor>& bias,
                      bool float_output, int64_t tile, int64_t distance) {
   const Format f = format_of(qtype);
   tile = tile == 0 ? kTile : tile;
   TORCH_CHECK(tile >= 1 && tile <= kRows, "tile: expected 1 to ", kRows, " rows, got ", tile);
-  TORCH_CHECK(x.dim() == 2, "x: expected 2-D [rows, in_features], got ", x.sizes());
+  TORCH_CHECK(x.dim() >= 1 && (!float_output || x.dim() == 2),
+              "x: expected [..., in_features] ([rows, in_features] for the sums), got ",
+              x.sizes());
   TORCH_CHECK(records.dim() == 3 && records.scalar_type() == torch::kUInt8 &&
               records.size(2) == f.record && records.is_contiguous(),
               "records: expected contiguous uint8 [groups, blocks, ", f.record, "]");
-  const int64_t n = x.size(0), width = x.size(1), groups = records.size(0);
-  const int64_t blocks = records.size(1);
-  TORCH_CHECK(width == blocks * f.block, "x: expected ", blocks * f.block, " features, got ",
-              width);
+  const int64_t width = x.size(-1), groups = records.size(0), blocks = records.size(1);
+  TORCH_CHECK(width == blocks * f.block, "x: expected [..., ", blocks * f.block, "], got ",
+              x.sizes());
+  const int64_t n = x.numel() / width;
   TORCH_CHECK(out_features <= groups * kGroup, "out_features: at most ", groups * kGroup);
   const torch::Tensor xf = x.to(torch::kFloat).contiguous();
   auto bytes = x.options().dtype(torch::kInt8);
@@ -455,15 +491,19 @@ torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& records, int64
     switch (qtype) {
       case kQ4_0: run_groups<kQ4_0>(g0, g1, rec, f, blocks, all, n, tile, distance); break;
       case kQ4_1: run_groups<kQ4_1>(g0, g1, rec, f, blocks, all, n, tile, distance); break;
+      case kQ5_0: run_groups<kQ5_0>(g0, g1, rec, f, blocks, all, n, tile, distance); break;
       case kQ8_0: run_groups<kQ8_0>(g0, g1, rec, f, blocks, all, n, tile, distance); break;
       case kQ4_K: run_groups<kQ4_K>(g0, g1, rec, f, blocks, all, n, tile, distance); break;
       default: run_groups<kQ6_K>(g0, g1, rec, f, blocks, all, n, tile, distance); break;
     }
   });
-  if (out_features != groups * kGroup) y = y.narrow(1, 0, out_features);
-  if (float_output) return y.contiguous();
-  if (bias.has_value() && bias->defined()) y = y + bias->to(torch::kFloat);
-  return y.scalar_type() == x.scalar_type() ? y.contiguous() : y.to(x.scalar_type());
+  if (out_features != groups * kGroup) y = y.narrow(1, 0, out_features).contiguous();
+  if (float_output) return y;
+  if (bias.has_value() && bias->defined()) add_bias(y, *bias);
+  std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
+  shape.back() = out_features;
+  y = y.view(shape);
+  return y.scalar_type() == x.scalar_type() ? y : y.to(x.scalar_type());
 }
 
 // The activations as the kernel quantizes them (for tests): x float32 [N, I] ->

@@ -15,6 +15,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from lookahead.bench import llamacpp
+from lookahead.argtypes import int_in
 from lookahead.cli.bench_args import (
     add_model_arguments,
     add_shape_arguments,
@@ -87,6 +88,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"tokens per step of 'draft' ({DraftConfig.num_draft_tokens})"
     )
     parser.add_argument(
+        "--draft-vocab", type=int_in(0, 1 << 24), default=None,
+        help="'draft' scores only the first S token ids and those of the text (default: "
+        "32768 on a CPU, all on a GPU; 0: all)"
+    )
+    parser.add_argument(
         "--memory",
         action="store_true",
         help="our lookahead and prompt lookup also copy from their earlier answers in the run",
@@ -112,7 +118,7 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
     options = MethodOptions(
         lookahead=LookaheadConfig(**shape),
         prompt_lookup=PromptLookupConfig(num_draft_tokens=args.prompt_lookup_tokens),
-        draft=DraftConfig(num_draft_tokens=args.draft_tokens),
+        draft=DraftConfig(num_draft_tokens=args.draft_tokens, draft_vocab=args.draft_vocab),
         hf_prompt_lookup_tokens=args.prompt_lookup_tokens,
         memory=args.memory,
         datastore=args.datastore,

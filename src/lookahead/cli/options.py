@@ -200,6 +200,12 @@ def add_method_args(parser: argparse.ArgumentParser, *, default: str = "lookahea
     group.add_argument(
         "--draft-model", metavar="NAME", help="draft: the small model (same vocabulary)"
     )
+    group.add_argument(
+        "--draft-vocab", type=int_in(0, 1 << 24), metavar="S",
+        help="draft: the draft scores only the first S token ids, the commonest in a BPE "
+        "vocabulary, and those of the text; the text stays the same (default: 32768 on a CPU, all "
+        "on a GPU; 0: all)",
+    )
     add_datastore_arg(group, "lookahead, prompt_lookup: also copy")
     add_sampling_args(parser)
 

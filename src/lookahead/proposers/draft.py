@@ -8,6 +8,7 @@ from lookahead.cache import cache_keyword, cache_length, decoding_pass, keep_new
 from lookahead.config import DraftConfig, SamplingConfig
 from lookahead.proposers.base import Proposal, StepOutcome
 from lookahead.proposers.prompt_lookup import find_continuation
+from lookahead.proposers.shortlist import shortlist_head
 from lookahead.verify import argmax, on_generator, warp
 
 
@@ -19,6 +20,10 @@ class DraftProposer:
     draft token is drawn from the draft's warped distribution q, which the verifier needs for
     its ``min(1, p/q)`` rule. When greedy, the draft verifies prompt-lookup guesses in its own
     forward passes (see ``DraftConfig``), which yields the same tokens in fewer draft passes.
+
+    With ``config.draft_vocab`` the draft runs its decoder, then its output layer for the
+    first ``draft_vocab`` token ids and those of the text only
+    (:class:`~lookahead.proposers.shortlist.ShortlistHead`); other ids get -inf.
     """
 
     def __init__(
@@ -34,13 +39,18 @@ class DraftProposer:
         self.generator = generator
         self.cache = new_cache()
         self.cache_keyword = cache_keyword(draft_model)  # "cache" or "past_key_values"
+        self.head = shortlist_head(draft_model, config.draft_vocab)
+        self.decoder = draft_model.get_decoder() if self.head is not None else None
         self._cached = 0  # tokens of the committed text in the draft cache
+        self._listed = 0  # tokens of the committed text put on the head's shortlist
         self._drafted = 0  # tokens drafted in the last step
         self.forwards = 0  # draft forward passes run, for statistics
 
     def start(self, prompt: list[int]) -> None:
         self.cache = new_cache()
-        self._cached = 0
+        self._cached = self._listed = 0
+        if self.head is not None:
+            self.head.reset()
 
     @torch.inference_mode()
     def propose(self, context: list[int], max_tokens: int) -> Proposal:
@@ -50,6 +60,9 @@ class DraftProposer:
             return Proposal()
         feed = context[self._cached :]
         self._cached = len(context)
+        if self.head is not None:
+            self.head.add(context[self._listed:])
+            self._listed = len(context)
         if self.sampling.do_sample:
             tokens, probs = self._draft_sampled(feed, length)
             return Proposal([tokens], draft_probs=[probs])
@@ -59,9 +72,12 @@ class DraftProposer:
         """Feed ``ids`` after the cache; logits [rows, V] of the last ``rows`` inputs."""
         self.forwards += 1
         tensor = torch.tensor([ids], dtype=torch.long, device=self.model.device)
-        out = decoding_pass(self.model, self.cache_keyword, self.cache, input_ids=tensor,
-                            logits_to_keep=rows)
-        return out.logits[0]
+        if self.head is None:
+            out = decoding_pass(self.model, self.cache_keyword, self.cache, input_ids=tensor,
+                                logits_to_keep=rows)
+            return out.logits[0]
+        out = decoding_pass(self.decoder, self.cache_keyword, self.cache, input_ids=tensor)
+        return self.head(out.last_hidden_state[0, -rows:])
 
     def _draft_sampled(self, feed: list[int], length: int) -> tuple[list[int], torch.Tensor]:
         """``length`` tokens drawn one forward at a time, and q: [length, V] they came from."""
@@ -104,3 +120,4 @@ class DraftProposer:
         valid = min(outcome.accepted, self._drafted - 1)
         keep_new(self.cache, self._cached, list(range(valid)))
         self._cached += valid
+

@@ -49,8 +49,8 @@ enum QType : int { kQ4_0 = 2, kQ4_1 = 3, kQ5_0 = 6, kQ8_0 = 8, kQ4_K = 12, kQ6_K
 constexpr int kGroup = 16;          // outputs per record
 // Bytes of records ahead to ask memory for. Without it, a pass of 8 rows over a Q4_K layer
 // read from memory took 1.8 times its time from cache (memory and arithmetic did not
-// overlap); with it, the same. One or two rows of Q4_K are left to the hardware prefetcher:
-// the prefetches cost them 10-20 % (docs/quantized-kernel.md).
+// overlap); with it, the same. One row of Q4_K is left to the hardware prefetcher: the
+// prefetches cost it 10-20 %, while two rows gain 7 % (docs/quantized-kernel.md).
 constexpr int64_t kAhead = 4096;
 
 inline int32_t load32(const void* p) { int32_t v; std::memcpy(&v, p, 4); return v; }
@@ -380,7 +380,7 @@ void run_groups(int64_t g0, int64_t g1, const uint8_t* records, const Format& f,
                      all.xs + r * all.ldxs + b * subs, all.ldxs,
                      all.y + r * all.ldy + g * kGroup, all.ldy};
         const int64_t rows = std::min<int64_t>(tile, n - r);
-        const bool ask = r == 0 && distance > 0 && (QT != kQ4_K || rows > 2);
+        const bool ask = r == 0 && distance > 0 && (QT != kQ4_K || rows > 1);
         const uint8_t* ahead = ask ? rec + distance : nullptr;
         for (int lane0 = 0; lane0 < kGroup; lane0 += V::kLanes) {
           Rows half = a;

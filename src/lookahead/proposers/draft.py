@@ -42,13 +42,12 @@ class DraftProposer:
         self.head = shortlist_head(draft_model, config.draft_vocab)
         self.decoder = draft_model.get_decoder() if self.head is not None else None
         self._cached = 0  # tokens of the committed text in the draft cache
-        self._listed = 0  # tokens of the committed text put on the head's shortlist
         self._drafted = 0  # tokens drafted in the last step
         self.forwards = 0  # draft forward passes run, for statistics
 
     def start(self, prompt: list[int]) -> None:
         self.cache = new_cache()
-        self._cached = self._listed = 0
+        self._cached = 0
         if self.head is not None:
             self.head.reset()
 
@@ -61,8 +60,8 @@ class DraftProposer:
         feed = context[self._cached :]
         self._cached = len(context)
         if self.head is not None:
-            self.head.add(context[self._listed:])
-            self._listed = len(context)
+            # feed: the text the draft's cache lacks; the rest it drafted, from the list
+            self.head.add(feed)
         if self.sampling.do_sample:
             tokens, probs = self._draft_sampled(feed, length)
             return Proposal([tokens], draft_probs=[probs])

@@ -25,24 +25,26 @@ class ShortlistHead:
     """``layer`` (the draft's output layer, [..., H] -> [..., V]) computed for the ids below
     ``size`` and those passed to :meth:`add`; logits of the others are -inf.
 
-    A quantized layer's records hold 16 outputs each, so ids join in groups of 16.
+    A quantized layer's records hold 16 outputs each, so ids join in groups of 16. ``always``:
+    ids listed for every text (the end-of-text ids).
     """
 
-    def __init__(self, layer: QuantLinear | torch.nn.Linear, size: int) -> None:
+    def __init__(self, layer: QuantLinear | torch.nn.Linear, size: int,
+                 always: Iterable[int] = ()) -> None:
         self.vocab = layer.out_features
         self.unit = LANES if isinstance(layer, QuantLinear) else 1
         self.size = min(-(-size // self.unit) * self.unit, self.vocab)
         self.layer = layer
         self.first = _first_outputs(layer, self.size)
-        self._units: set[int] = set()
-        self._extra: torch.nn.Module | None = None
-        self._extra_ids = torch.empty(0, dtype=torch.long)  # [E] the ids _extra computes
-        self.always: list[int] = []  # ids listed for every text (the end-of-text ids)
+        self.always = list(always)
+        self.reset()
 
     def reset(self) -> None:
         """Forget the ids added (a new text), but ``always``'s."""
-        self._units, self._extra = set(), None
-        self._extra_ids = torch.empty(0, dtype=torch.long)
+        self._units: set[int] = set()
+        self._extra: torch.nn.Module | None = None
+        self._extra_ids = torch.empty(0, dtype=torch.long)  # [E] the listed ids _extra gives
+        self._columns = torch.empty(0, dtype=torch.bool)   # which of _extra's outputs they are
         self.add(self.always)
 
     def add(self, ids: Iterable[int]) -> None:
@@ -57,16 +59,15 @@ class ShortlistHead:
             self._extra = self.layer.output_groups(units)
         else:
             self._extra = _rows(self.layer, ids)
-        self._extra_ids = ids
+        self._columns = ids < self.vocab  # a last group's padding outputs are no ids
+        self._extra_ids = ids[self._columns]
 
     def __call__(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [R, H] -> logits [R, V]: the layer's where listed, -inf elsewhere."""
         logits = hidden.new_full((hidden.shape[0], self.vocab), float("-inf"))
         logits[:, :self.size] = self.first(hidden)
         if self._extra is not None:
-            extra = self._extra(hidden)
-            valid = self._extra_ids < self.vocab  # a last group's padding outputs
-            logits[:, self._extra_ids[valid]] = extra[:, valid]
+            logits[:, self._extra_ids] = self._extra(hidden)[:, self._columns]
         return logits
 
 
@@ -88,10 +89,7 @@ def shortlist_head(model: torch.nn.Module, size: int | None) -> ShortlistHead | 
         return None
     if not (isinstance(head, QuantLinear) or type(head) is torch.nn.Linear):
         return None
-    shortlist = ShortlistHead(head, size)
-    shortlist.always = _end_ids(model)
-    shortlist.reset()
-    return shortlist
+    return ShortlistHead(head, size, always=_end_ids(model))
 
 
 def _end_ids(model: torch.nn.Module) -> list[int]:

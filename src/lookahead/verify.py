@@ -67,10 +67,32 @@ def warp(logits: torch.Tensor, sampling: SamplingConfig) -> torch.Tensor:
     return scores.softmax(dim=-1)
 
 
+ARGMAX_BLOCK = 128  # logits a block of the CPU argmax
+
+
 def argmax(logits: torch.Tensor) -> torch.Tensor:
-    """``logits.argmax(-1)``, [...]: ``max`` gives the same first-maximum index and is several
-    times faster than ``argmax`` on bfloat16 CPU tensors."""
-    return logits.max(dim=-1).indices
+    """``logits.argmax(-1)``: logits [..., V] -> int64 [...], the first maximum's index (the
+    first NaN's where a row holds one), as ``torch.argmax`` gives it.
+
+    On a CPU, PyTorch's index-tracking reductions (``argmax``, ``max(dim)``) are not
+    vectorized: 130 us a row of 151936 float32 logits, against 8 us for ``amax``. So the row
+    is cut into blocks of ``ARGMAX_BLOCK``: ``amax`` of every block, the first block that
+    holds the row's maximum, and the index inside that block alone.
+    """
+    if logits.device.type != "cpu" or logits.shape[-1] < 4 * ARGMAX_BLOCK:
+        return logits.max(dim=-1).indices
+    vocab = logits.shape[-1]
+    rows = logits.reshape(-1, vocab)
+    blocks = vocab // ARGMAX_BLOCK
+    head = rows[:, : blocks * ARGMAX_BLOCK].unflatten(-1, (blocks, ARGMAX_BLOCK))
+    block = head.amax(dim=-1).max(dim=-1).indices  # amax propagates NaN, as max does
+    inside = head[torch.arange(rows.shape[0]), block].max(dim=-1)
+    index = block * ARGMAX_BLOCK + inside.indices
+    if vocab % ARGMAX_BLOCK:  # the last, shorter block counts only where it beats the rest
+        tail = rows[:, blocks * ARGMAX_BLOCK:].max(dim=-1)
+        beats = (tail.values > inside.values) | (tail.values.isnan() & ~inside.values.isnan())
+        index = torch.where(beats, blocks * ARGMAX_BLOCK + tail.indices, index)
+    return index.reshape(logits.shape[:-1])
 
 
 def verify_greedy(tree: TokenTree, logits: torch.Tensor) -> Verdict:

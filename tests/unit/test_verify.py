@@ -4,11 +4,43 @@ from __future__ import annotations
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from lookahead.attention import TokenTree
-from lookahead.verify import verify_greedy, verify_sampling
+from lookahead.verify import ARGMAX_BLOCK, argmax, verify_greedy, verify_sampling
 
 pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+# --- argmax ------------------------------------------------------------------------------
+
+
+@settings(max_examples=150, deadline=None)
+@given(rows=st.integers(1, 4), vocab=st.integers(1, 9 * ARGMAX_BLOCK + 5),
+       levels=st.integers(1, 6), seed=st.integers(0, 2**31 - 1),
+       specials=st.lists(st.sampled_from(["nan", "inf", "-inf"]), max_size=3),
+       dtype=st.sampled_from([torch.float32, torch.bfloat16]))
+def test_argmax_is_torch_argmax_with_ties_nan_and_infinities(rows, vocab, levels, seed,
+                                                             specials, dtype):
+    generator = torch.Generator().manual_seed(seed)
+    # few distinct values: many ties, so the first maximum must be found, not any maximum
+    logits = torch.randint(0, levels, (rows, vocab), generator=generator).to(dtype)
+    for special in specials:
+        at = torch.randint(0, rows * vocab, (1,), generator=generator).item()
+        logits.view(-1)[at] = float(special)
+    assert torch.equal(argmax(logits), torch.argmax(logits, dim=-1))
+
+
+def test_argmax_keeps_leading_dimensions_and_reads_strided_rows():
+    logits = torch.randn(3, 2, 5 * ARGMAX_BLOCK + 7)
+    assert torch.equal(argmax(logits), logits.argmax(-1))
+    strided = torch.randn(4 * ARGMAX_BLOCK + 1, 6).t()  # rows not contiguous
+    assert torch.equal(argmax(strided), strided.argmax(-1))
+    late = torch.zeros(2, 6 * ARGMAX_BLOCK + 3)
+    late[0, -1] = 1.0  # in the last, shorter block
+    late[1, -2:] = float("nan")
+    assert argmax(late).tolist() == [late.shape[1] - 1, late.shape[1] - 2]
 
 
 # --- the accept rules ----------------------------------------------------------------------

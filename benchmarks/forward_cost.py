@@ -442,8 +442,9 @@ def time_step(args) -> None:
     """``--times step``: the phases' median µs per step, then the forward variants."""
     from lookahead.sources.datastore import load_datastore
 
-    model, tokenizer = lookahead.load_model(args.model, args.dtype or "auto",
-                                            packed_weights=args.packed)
+    dtype = {"dtype": args.dtype} if args.dtype else {}  # none: as the commands load it
+    model, tokenizer = lookahead.load_model(args.model, **dtype,
+                                            packed_weights=args.packed or None)
     prompt = load_prompts("humaneval", args.prompt + 1)[args.prompt]
     input_ids = encode_prompt(tokenizer, prompt)
     options = {name: value for name, value in (("lookup_tokens", args.lookup_tokens),

@@ -30,7 +30,8 @@ from transformers import (
 from lookahead.devices import resolve_device
 from lookahead.kernels.choice import Kernel, as_kernel
 from lookahead.kernels.grouped_attention import use_grouped_attention
-from lookahead.kernels.invariant_attention import use_invariant_attention
+from lookahead.kernels.fused_attention import fuse_attention
+from lookahead.kernels.invariant_attention import invariant_attention, use_invariant_attention
 from lookahead.kernels.packing import check_packable_dtype, pack_weights
 from lookahead.kernels.row_ops import fuse_row_ops
 from lookahead.models.gguf import (
@@ -143,10 +144,13 @@ def load_model(
         # Row-invariant attention where it runs (float32): with the quantized linears, every
         # row's result is then its own, and so every method's greedy text is autoregressive
         # decoding's, and a row of a batch writes what it writes alone.
-        if grouped_attention and not use_invariant_attention(model):
+        invariant = grouped_attention and use_invariant_attention(model)
+        if grouped_attention and not invariant:
             use_grouped_attention(model)
         if compute == torch.float32:  # norms and MLPs in one call each (float32 kernels)
             fuse_row_ops(model)
+        if invariant:  # the rotary embedding in one call, the attention looked up once
+            fuse_attention(model, invariant_attention)
         return model, tokenizer
     check_packable_dtype(kernel, resolve_dtype(dtype))
     packs = kernel is not None and kernel.packs

@@ -1,5 +1,5 @@
 // The small float32 operations between a quantized model's linear layers, one row at a time:
-// RMS normalisation and the SiLU-gated product of a gated MLP.
+// RMS normalisation, the SiLU-gated product of a gated MLP and the rotary embedding.
 //
 // Why our own: at one token a pass, transformers' RMSNorm is eight PyTorch operations and the
 // gated product two, each with a few microseconds of dispatch; over the 57 norms and 28 MLPs
@@ -14,6 +14,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <tuple>
 
 #include "exp_approx.h"
 
@@ -84,11 +85,59 @@ torch::Tensor silu_mul(torch::Tensor gate, torch::Tensor up) {
   const float* g = gate.data_ptr<float>();
   const float* u = up.data_ptr<float>();
   float* o = out.data_ptr<float>();
-  at::parallel_for(0, rows, 8, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin * width; i < end * width; ++i)
+  // Split by elements, not rows: one row of a 1.5B model's MLP is 8960 of them (about 6 us).
+  at::parallel_for(0, rows * width, 4096, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i)
       o[i] = g[i] / (1.0f + lookahead::exp_approx(-g[i])) * u[i];
   });
   return out;
+}
+
+// One tensor's rotary embedding, as transformers' apply_rotary_pos_emb computes it:
+// x * cos + rotate_half(x) * sin, where rotate_half(x) = (-x[half:], x[:half]); each product
+// rounded, then the sum (no fused multiply-add), so the bits are PyTorch's.
+void rotate_rows(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin,
+                 torch::Tensor& out) {
+  const int64_t batch = x.size(0), tokens = x.size(1), heads = x.size(2), dim = x.size(3);
+  const int64_t half = dim / 2, cos_batch = cos.size(0) > 1 ? tokens * dim : 0;
+  const float* xs = x.data_ptr<float>();
+  const float* c0 = cos.data_ptr<float>();
+  const float* s0 = sin.data_ptr<float>();
+  float* o = out.data_ptr<float>();
+  at::parallel_for(0, batch * tokens * heads, 64, [&](int64_t begin, int64_t end) {
+    for (int64_t row = begin; row < end; ++row) {
+      const int64_t b = row / (tokens * heads), t = row / heads % tokens;
+      const float* c = c0 + b * cos_batch + t * dim;
+      const float* s = s0 + b * cos_batch + t * dim;
+      const float* in = xs + row * dim;
+      float* dst = o + row * dim;
+      for (int64_t i = 0; i < half; ++i) dst[i] = in[i] * c[i] + (-in[i + half]) * s[i];
+      for (int64_t i = half; i < dim; ++i) dst[i] = in[i] * c[i] + in[i - half] * s[i];
+    }
+  });
+}
+
+// query [B, T, H, D], key [B, T, Hkv, D], cos, sin [B or 1, T, D] (contiguous float32) ->
+// the rotated query and key, in the same shapes.
+std::tuple<torch::Tensor, torch::Tensor> rotary(torch::Tensor query, torch::Tensor key,
+                                                torch::Tensor cos, torch::Tensor sin) {
+  for (const torch::Tensor* x : {&query, &key, &cos, &sin})
+    TORCH_CHECK(x->scalar_type() == torch::kFloat32 && x->is_contiguous(),
+                "rotary takes contiguous float32 tensors, got ", x->scalar_type(), " ",
+                x->sizes());
+  TORCH_CHECK(query.dim() == 4 && key.dim() == 4 && query.size(0) == key.size(0) &&
+              query.size(1) == key.size(1) && query.size(3) == key.size(3) &&
+              query.size(3) % 2 == 0, "query and key must be [B, T, H, D] with one B, T and "
+              "an even D, got ", query.sizes(), " and ", key.sizes());
+  TORCH_CHECK(cos.sizes() == sin.sizes() && cos.dim() == 3 &&
+              (cos.size(0) == 1 || cos.size(0) == query.size(0)) &&
+              cos.size(1) == query.size(1) && cos.size(2) == query.size(3),
+              "cos and sin must be [B or 1, T, D], got ", cos.sizes(), " and ", sin.sizes());
+  auto rotated_query = torch::empty_like(query);
+  auto rotated_key = torch::empty_like(key);
+  rotate_rows(query, cos, sin, rotated_query);
+  rotate_rows(key, cos, sin, rotated_key);
+  return {rotated_query, rotated_key};
 }
 
 }  // namespace
@@ -98,4 +147,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("weight"), py::arg("eps"));
   m.def("silu_mul", &silu_mul, "silu(gate) * up, float32 [N, I]", py::arg("gate"),
         py::arg("up"));
+  m.def("rotary", &rotary, "rotary embedding of query and key, float32 [B, T, H, D]",
+        py::arg("query"), py::arg("key"), py::arg("cos"), py::arg("sin"));
 }

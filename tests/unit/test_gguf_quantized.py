@@ -11,6 +11,8 @@ its logits, and greedy decoding by every method must give ``model.generate``'s t
 
 from __future__ import annotations
 
+import copy
+
 import time
 from pathlib import Path
 
@@ -181,6 +183,25 @@ def test_embedding_looks_up_dequantised_rows() -> None:
     assert torch.equal(embedding(ids), table[ids])
     with pytest.raises(ValueError, match="raw"):
         QuantEmbedding(torch.zeros(4, 8), Q.Q8_0, 64, torch.float32)
+
+
+@pytest.mark.parametrize("cached_rows", [0, 2, 100])
+def test_embedding_keeps_its_last_rows_and_looks_up_the_same(cached_rows) -> None:
+    values = np.random.default_rng(2).normal(size=(10, 64)).astype(np.float32)
+    raw = torch.from_numpy(quantize(values, Q.Q8_0))
+    table = torch.from_numpy(dequantize(raw.numpy(), Q.Q8_0))
+    embedding = QuantEmbedding(raw, Q.Q8_0, 64, torch.float32, cached_rows=cached_rows)
+    for ids in ([[3, 0, 9]], [[3, 3, 1]], [[7]], [[9, 3]], [[0, 0, 0, 5]]):
+        ids = torch.tensor(ids)
+        assert torch.equal(embedding(ids), table[ids])
+        assert len(embedding._rows) <= cached_rows
+    if cached_rows == 2:
+        assert list(embedding._rows) == [0, 5]  # the last two looked up, oldest first
+    copied = copy.deepcopy(embedding)  # a lock is not copied, a new one is made
+    ids = torch.tensor([[4, 0]])
+    assert torch.equal(copied(ids), table[ids])
+    with pytest.raises(ValueError, match="cached_rows"):
+        QuantEmbedding(raw, Q.Q8_0, 64, torch.float32, cached_rows=-1)
 
 
 def test_load_quantized_model_takes_a_path_and_caches_its_metadata(gguf_files, tmp_path):

@@ -104,7 +104,8 @@ def test_the_head_is_cut_only_where_that_is_a_plain_output_layer(tiny_lm, fresh_
     listed = list(range(20)) + [30]
     # (a product over fewer rows may round in another order: the draft's choice, not the text)
     assert torch.allclose(logits[:, listed], full[:, listed], rtol=1e-12, atol=1e-12)
-    assert torch.all(logits[:, 20:30] == float("-inf")) and torch.all(logits[:, 31:] == float("-inf"))
+    assert torch.all(logits[:, 20:30] == float("-inf"))
+    assert torch.all(logits[:, 31:] == float("-inf"))
     capped = fresh_lm("llama", seed=1)
     capped.config.final_logit_softcapping = 30.0
     assert shortlist_head(capped, 20) is None
@@ -136,6 +137,7 @@ def test_a_quantized_head_lists_ids_in_groups_of_16():
     logits, full = head(x), layer(x)
     listed = list(range(16)) + list(range(32, 48)) + list(range(64, 72))
     assert torch.equal(logits[:, listed], full[:, listed])
-    assert torch.all(logits[:, 16:32] == float("-inf")) and torch.all(logits[:, 48:64] == float("-inf"))
+    assert torch.all(logits[:, 16:32] == float("-inf"))
+    assert torch.all(logits[:, 48:64] == float("-inf"))
     head.reset()
     assert torch.all(head(x)[:, 16:] == float("-inf"))

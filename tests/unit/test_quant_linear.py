@@ -30,7 +30,8 @@ from lookahead.kernels.quant_linear import (
 QTYPES = sorted(supported_qtypes())
 NAMES = {t: qf.FORMATS[t].name for t in QTYPES}
 # byte offsets of the float16 scales in each GGUF block (random bytes there could be NaN)
-HALF_FIELDS = {qf.Q4_0: [0], qf.Q4_1: [0, 2], qf.Q5_0: [0], qf.Q8_0: [0], qf.Q4_K: [0, 2], qf.Q6_K: [208]}
+HALF_FIELDS = {qf.Q4_0: [0], qf.Q4_1: [0, 2], qf.Q5_0: [0], qf.Q8_0: [0], qf.Q4_K: [0, 2],
+               qf.Q6_K: [208]}
 ISAS = [isa for isa in ql.ISA_FLAGS if quant_kernel_problem(isa) is None]
 needs_kernel = pytest.mark.skipif(not ISAS, reason=str(quant_kernel_problem()))
 

@@ -33,8 +33,8 @@ each group and block one record of bytes, in this order:
   [sub-block pair][16 outputs][2];
 - ``d`` as float16 [16 outputs], then ``dmin`` where the type has one.
 
-Bits per weight: Q4_0 4.5, Q4_1 5.0, Q5_0 5.5, Q8_0 8.5, Q4_K 4.625 (GGUF: 4.5; the 6-bit scales take a
-byte each), Q6_K 6.5625 (as GGUF).
+Bits per weight: Q4_0 4.5, Q4_1 5.0, Q5_0 5.5, Q8_0 8.5, Q4_K 4.625 (GGUF: 4.5; the 6-bit
+scales take a byte each), Q6_K 6.5625 (as GGUF).
 """
 
 from __future__ import annotations
@@ -313,4 +313,3 @@ def dequantize(parts: QuantParts, qtype: int) -> torch.Tensor:
         dmin = torch.from_numpy(np.repeat(parts.dmin.astype(np.float64), per, axis=1))
         w = w - (dmin * torch.from_numpy(parts.m.astype(np.float64)))[..., None]
     return w.reshape(out, width)
-

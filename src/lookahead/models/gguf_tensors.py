@@ -223,8 +223,7 @@ class QuantEmbedding(nn.Module):
         return rows
 
     def __getstate__(self) -> dict:  # copy.deepcopy and pickle: a lock is not copied
-        state = super().__getstate__() if hasattr(super(), "__getstate__") else self.__dict__
-        return {key: value for key, value in state.items() if key != "_lock"}
+        return {key: value for key, value in self.__dict__.items() if key != "_lock"}
 
     def __setstate__(self, state: dict) -> None:
         super().__setstate__(state)

@@ -119,4 +119,3 @@ class DraftProposer:
         valid = min(outcome.accepted, self._drafted - 1)
         keep_new(self.cache, self._cached, list(range(valid)))
         self._cached += valid
-

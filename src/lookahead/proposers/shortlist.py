@@ -116,7 +116,7 @@ def _rows(layer: torch.nn.Linear, ids: torch.Tensor | slice) -> torch.nn.Linear:
     weight = layer.weight[index]
     cut = torch.nn.Linear(layer.in_features, weight.shape[0], bias=layer.bias is not None,
                           device="meta")
-    cut.weight = torch.nn.Parameter(layer.weight[index], requires_grad=False)
+    cut.weight = torch.nn.Parameter(weight, requires_grad=False)
     if layer.bias is not None:
         cut.bias = torch.nn.Parameter(layer.bias[index], requires_grad=False)
     return cut

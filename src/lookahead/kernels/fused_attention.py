@@ -23,7 +23,7 @@ import torch
 from transformers import DynamicCache
 
 from lookahead.kernels.quant_linear import QuantLinear
-from lookahead.kernels.row_ops import load_row_ops, row_ops_problem
+from lookahead.kernels.row_ops import PlainCalls, load_row_ops, row_ops_problem
 
 logger = logging.getLogger(__name__)
 
@@ -35,7 +35,7 @@ COPIED = ("config", "layer_idx", "head_dim", "num_key_value_groups", "scaling",
           "attention_dropout", "is_causal")
 
 
-class FusedAttention(torch.nn.Module):
+class FusedAttention(PlainCalls):
     """The self-attention block of ``module`` (see the module's text), on its own projections.
 
     Args:
@@ -54,6 +54,10 @@ class FusedAttention(torch.nn.Module):
         self._extra = {"sliding_window": None} if hasattr(module, "sliding_window") else {}
         self._attend = attend
         self._rotary = load_row_ops().rotary  # the builtin: deepcopy keeps it
+        self._bind()
+
+    def _bind(self) -> None:
+        self._calls = tuple(getattr(self, name).kernel_call() for name in PROJECTIONS)
 
     def forward(self, hidden_states: torch.Tensor,
                 position_embeddings: tuple[torch.Tensor, torch.Tensor],
@@ -62,18 +66,29 @@ class FusedAttention(torch.nn.Module):
         """hidden_states [B, T, hidden], position_embeddings (cos, sin) [B, T, D] -> the block's
         output [B, T, hidden] and the attention function's weights (None here)."""
         cache = past_key_values if cache is None else cache  # the name before 5.24
-        shape = (*hidden_states.shape[:-1], -1, self.head_dim)  # [B, T, heads, D]
+        lead = hidden_states.shape[:-1]
+        out = self.attend_rows(hidden_states.reshape(-1, hidden_states.shape[-1]), lead,
+                               position_embeddings, attention_mask, cache, kwargs)
+        return out.view(*lead, out.shape[-1]), None
+
+    def attend_rows(self, rows: torch.Tensor, lead: torch.Size,
+                    position_embeddings: tuple[torch.Tensor, torch.Tensor],
+                    attention_mask: torch.Tensor | None, cache, kwargs: dict) -> torch.Tensor:
+        """The block on the rows [B * T, hidden] of hidden states [B, T, hidden] (``lead`` is
+        (B, T)) -> [B * T, hidden]. ``kwargs`` go to the cache and the attention function."""
+        (q_proj, q_args), (k_proj, k_args), (v_proj, v_args), (o_proj, o_args) = self._calls
+        shape = (*lead, -1, self.head_dim)  # [B, T, heads, D]
         cos, sin = position_embeddings
-        query, key = self._rotary(self.q_proj(hidden_states).view(shape),
-                                  self.k_proj(hidden_states).view(shape),
+        query, key = self._rotary(q_proj(rows, *q_args).view(shape),
+                                  k_proj(rows, *k_args).view(shape),
                                   cos.contiguous(), sin.contiguous())
         query, key = query.transpose(1, 2), key.transpose(1, 2)  # [B, heads, T, D] views
-        value = self.v_proj(hidden_states).view(shape).transpose(1, 2)
+        value = v_proj(rows, *v_args).view(shape).transpose(1, 2)
         if cache is not None:
             key, value = cache.update(key, value, self.layer_idx, kwargs=kwargs)
-        out, weights = self._attend(self, query, key, value, attention_mask, dropout=0.0,
-                                    scaling=self.scaling, **self._extra, **kwargs)
-        return self.o_proj(out.reshape(*hidden_states.shape[:-1], -1)), weights
+        out, _ = self._attend(self, query, key, value, attention_mask, dropout=0.0,
+                              scaling=self.scaling, **self._extra, **kwargs)
+        return o_proj(out.reshape(rows.shape[0], -1), *o_args)
 
 
 def fuse_attention(model: torch.nn.Module, attend) -> int:
@@ -121,13 +136,13 @@ def _same_bits(old: torch.nn.Module, new: FusedAttention) -> bool:
             cache = DynamicCache()
             for part in (slice(0, 2), slice(2, 5)):
                 out, _ = module(states[:, part], (cos[:, part], sin[:, part]), None,
-                                **{_cache_keyword(old): cache})
+                                **{cache_keyword_of(old): cache})
             layer = cache.layers[old.layer_idx]
             results.append((out, layer.keys, layer.values))
     return all(torch.equal(a, b) for a, b in zip(*results))
 
 
-def _cache_keyword(module: torch.nn.Module) -> str:
+def cache_keyword_of(module: torch.nn.Module) -> str:
     """The keyword of the cache in ``module``'s forward: "cache" from transformers 5.24."""
     parameters = inspect.signature(type(module).forward).parameters
     return "past_key_values" if "past_key_values" in parameters else "cache"

@@ -23,6 +23,7 @@ from __future__ import annotations
 import functools
 import logging
 import platform
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 
@@ -185,6 +186,19 @@ class QuantLinear(torch.nn.Module):
         if self.bias is not None:
             y = y + self.bias
         return y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
+
+    def kernel_call(self) -> tuple[Callable[..., torch.Tensor], tuple]:
+        """``(function, args)`` with ``function(x, *args)`` equal to ``self(x)``, x
+        [..., in_features], without nn.Module's call and attribute lookups (about 5 us a
+        layer, which adds up to ~1 ms in a 1.5B model's one-token pass of ~30 ms).
+
+        The args hold this layer's tensors themselves: a holder takes the call again after
+        ``_apply`` (``.to()``, ``.float()``), which may replace them.
+        """
+        if self._linear is None:
+            return self.forward, ()
+        return self._linear, (self.records, self.qtype, self.out_features, self.bias, False,
+                              self.tile)
 
     def first_outputs(self, count: int) -> QuantLinear:
         """This layer cut to its first ``count`` outputs (a positive multiple of 16, at most

@@ -31,6 +31,7 @@ from lookahead.devices import resolve_device
 from lookahead.kernels.choice import Kernel, as_kernel
 from lookahead.kernels.grouped_attention import use_grouped_attention
 from lookahead.kernels.fused_attention import fuse_attention
+from lookahead.kernels.fused_layer import fuse_layers
 from lookahead.kernels.invariant_attention import invariant_attention, use_invariant_attention
 from lookahead.kernels.packing import check_packable_dtype, pack_weights
 from lookahead.kernels.row_ops import fuse_row_ops
@@ -151,6 +152,7 @@ def load_model(
             fuse_row_ops(model)
         if invariant:  # the rotary embedding in one call, the attention looked up once
             fuse_attention(model, invariant_attention)
+            fuse_layers(model)  # the children's calls made directly
         return model, tokenizer
     check_packable_dtype(kernel, resolve_dtype(dtype))
     packs = kernel is not None and kernel.packs

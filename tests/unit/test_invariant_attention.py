@@ -66,6 +66,25 @@ def test_a_row_gets_the_bits_of_its_own_pass() -> None:
         assert torch.equal(alone[:, 0], together[:, t]), t
 
 
+@pytest.mark.parametrize("seed", range(4))
+def test_rows_with_their_own_masks_get_the_bits_of_their_own_pass(seed) -> None:
+    """Rows that see a common prefix of the cache, then keys of their own (a tree of
+    candidates), share the prefix's value loads in the kernel: each row gets its bits alone."""
+    rows, keys = 6, 50
+    query, key, value = tensors(rows=rows, keys=keys, dim=40, seed=seed)
+    generator = torch.Generator().manual_seed(seed)
+    allowed = torch.rand(1, 1, rows, keys, generator=generator) > 0.4
+    common = int(torch.randint(0, keys, (1,), generator=generator))
+    allowed[..., :common] = True
+    allowed[..., seed, common // 2] = False  # one row with a gap inside the common prefix
+    layer = Layer(groups=3)
+    together, _ = invariant_attention(layer, query, key, value, allowed)
+    for t in range(rows):
+        alone, _ = invariant_attention(layer, query[:, :, t:t + 1].contiguous(), key, value,
+                                       allowed[:, :, t:t + 1])
+        assert torch.equal(alone[:, 0], together[:, t]), t
+
+
 def test_strided_views_are_read_as_their_contiguous_copies() -> None:
     """A cache's keys and values are views of buffers with spare columns, and the query a
     transposed projection: the kernel reads them in place and gets the copies' bits."""

@@ -20,8 +20,10 @@
 // (Cephes' expf). Lanes are GCC vector types (one AVX-512 register, or two AVX2 ones), and the
 // file is built with -ffp-contract=off: no fused multiply-adds, so a lane and a scalar
 // remainder round alike.
-// Four query rows share each read of a key; each row's arithmetic is the same whether
-// it runs in a block of four or alone.
+// Four query rows share each read of a key, and each read of a value among the keys all four
+// see before any gap; each row's arithmetic is the same whether it runs in a block of four or
+// alone. The loops are bound by loads, not arithmetic: a query's 16 dimensions are loaded
+// once for 16 keys (12 heads x 240 keys: 27 -> 17 us for one row, 83 -> 59 us for four).
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
@@ -106,8 +108,14 @@ void scores(const float* const* q, const float* key, const Shapes& s, float scal
   const int64_t whole = s.dim / kLanes * kLanes, blocks = s.keys / kLanes * kLanes;
   for (int64_t j0 = 0; j0 < blocks; j0 += kLanes) {
     for (int r = 0; r < R; ++r) {
-      Lanes acc[kLanes];
-      for (int64_t l = 0; l < kLanes; ++l) acc[l] = dot_lanes(q[r], key + (j0 + l) * s.key_row, whole);
+      // dot_lanes for 16 keys at once, the query's 16 dimensions loaded once for all of them
+      // (loads, not arithmetic, bound this loop): each lane's sum is in dot_lanes's order
+      Lanes acc[kLanes] = {};
+      for (int64_t d = 0; d < whole; d += kLanes) {
+        const Lanes qd = load(q[r] + d);
+        for (int64_t l = 0; l < kLanes; ++l)
+          acc[l] = acc[l] + qd * load(key + (j0 + l) * s.key_row + d);
+      }
       Lanes sums = lane_sums(acc);
       if (whole < s.dim)
         for (int64_t l = 0; l < kLanes; ++l)
@@ -163,59 +171,86 @@ float softmax(float* score, const RowMask& mask, const Shapes& s, std::vector<in
   return lane_sum(lanes);
 }
 
-// Blocks of 16 dimensions [first, first + N) of a row's output: the sum, over the keys it
-// sees in order, of p[j] * v[j]. N independent sums per key keep the adds from waiting on
-// each other.
-template <int N>
-void weigh_blocks(const float* p, const std::vector<int32_t>& seen, const float* value,
-                  int64_t row, int64_t first, Lanes* acc) {
-  for (int n = 0; n < N; ++n) acc[n] = Lanes{};
-  for (const int32_t j : seen) {
+// How many keys a row sees before its first gap: its ``seen`` starts 0, 1, ..., that - 1.
+int64_t leading(const std::vector<int32_t>& seen) {
+  // seen is increasing, so seen[i] >= i, and seen[i] == i only before the first gap
+  int64_t low = 0, high = static_cast<int64_t>(seen.size());
+  while (low < high) {
+    const int64_t middle = (low + high) / 2;
+    if (seen[middle] == middle) low = middle + 1;
+    else high = middle;
+  }
+  return low;
+}
+
+// Blocks of 16 dimensions [first, first + N) of R rows' outputs: for each row, the sum over
+// the keys it sees, in order, of p[j] * v[j]. The first ``shared`` keys are seen by every
+// row: their values are loaded once for all R rows (loads bound this loop). Each row's lanes
+// still add its keys in its own order, so a row's sums are the same in a block or alone.
+template <int R, int N>
+void weigh_blocks(const float* const* p, const std::vector<int32_t>* seen, int64_t shared,
+                  const float* value, int64_t row, int64_t first, Lanes (*acc)[4]) {
+  for (int r = 0; r < R; ++r)
+    for (int n = 0; n < N; ++n) acc[r][n] = Lanes{};
+  for (int64_t j = 0; j < shared; ++j) {
     const float* v = value + j * row + first * kLanes;
-    for (int n = 0; n < N; ++n) acc[n] = acc[n] + p[j] * load(v + n * kLanes);
+    Lanes vn[N];
+    for (int n = 0; n < N; ++n) vn[n] = load(v + n * kLanes);
+    for (int r = 0; r < R; ++r) {
+      const float pj = p[r][j];
+      for (int n = 0; n < N; ++n) acc[r][n] = acc[r][n] + pj * vn[n];
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    const int64_t count = static_cast<int64_t>(seen[r].size());
+    for (int64_t i = shared; i < count; ++i) {
+      const int32_t j = seen[r][i];
+      const float* v = value + j * row + first * kLanes;
+      for (int n = 0; n < N; ++n) acc[r][n] = acc[r][n] + p[r][j] * load(v + n * kLanes);
+    }
   }
 }
 
-// out = (sum over the keys j the row sees, in order, of p[j] * v[j]) / total. ``seen``: the
-// indices of those keys; the others add nothing, not even a zero.
-void weigh(const float* p, const std::vector<int32_t>& seen, const float* value,
-           const Shapes& s, float total, float* out) {
-  constexpr int kMost = 8;  // blocks summed at once
+// out[r] = (sum over the keys j row r sees, in order, of p[r][j] * v[j]) / total[r].
+// ``seen[r]``: the indices of those keys; the others add nothing, not even a zero.
+template <int R>
+void weigh(const float* const* p, const std::vector<int32_t>* seen, const float* value,
+           const Shapes& s, const float* total, float* const* out) {
+  constexpr int kMost = 4;  // blocks summed at once: R x 4 sums in registers
+  int64_t shared = s.keys;
+  for (int r = 0; r < R; ++r) shared = std::min(shared, leading(seen[r]));
   const int64_t blocks = s.dim / kLanes;
-  Lanes acc[kMost];
+  Lanes acc[R][kMost];
   for (int64_t first = 0; first < blocks; first += kMost) {
     const int64_t count = std::min<int64_t>(kMost, blocks - first);
     switch (count) {
-      case 8: weigh_blocks<8>(p, seen, value, s.value_row, first, acc); break;
-      case 7: weigh_blocks<7>(p, seen, value, s.value_row, first, acc); break;
-      case 6: weigh_blocks<6>(p, seen, value, s.value_row, first, acc); break;
-      case 5: weigh_blocks<5>(p, seen, value, s.value_row, first, acc); break;
-      case 4: weigh_blocks<4>(p, seen, value, s.value_row, first, acc); break;
-      case 3: weigh_blocks<3>(p, seen, value, s.value_row, first, acc); break;
-      case 2: weigh_blocks<2>(p, seen, value, s.value_row, first, acc); break;
-      default: weigh_blocks<1>(p, seen, value, s.value_row, first, acc);
+      case 4: weigh_blocks<R, 4>(p, seen, shared, value, s.value_row, first, acc); break;
+      case 3: weigh_blocks<R, 3>(p, seen, shared, value, s.value_row, first, acc); break;
+      case 2: weigh_blocks<R, 2>(p, seen, shared, value, s.value_row, first, acc); break;
+      default: weigh_blocks<R, 1>(p, seen, shared, value, s.value_row, first, acc);
     }
-    for (int64_t n = 0; n < count; ++n)
-      for (int64_t l = 0; l < kLanes; ++l)
-        out[(first + n) * kLanes + l] = total > 0.0f ? acc[n][l] / total : 0.0f;
+    for (int r = 0; r < R; ++r)
+      for (int64_t n = 0; n < count; ++n)
+        for (int64_t l = 0; l < kLanes; ++l)
+          out[r][(first + n) * kLanes + l] = total[r] > 0.0f ? acc[r][n][l] / total[r] : 0.0f;
   }
-  for (int64_t d = blocks * kLanes; d < s.dim; ++d) {  // a D that is not a multiple of 16
-    float sum = 0.0f;
-    for (const int32_t j : seen) sum = sum + p[j] * value[j * s.value_row + d];
-    out[d] = total > 0.0f ? sum / total : 0.0f;
-  }
+  for (int r = 0; r < R; ++r)
+    for (int64_t d = blocks * kLanes; d < s.dim; ++d) {  // a D that is not a multiple of 16
+      float sum = 0.0f;
+      for (const int32_t j : seen[r]) sum = sum + p[r][j] * value[j * s.value_row + d];
+      out[r][d] = total[r] > 0.0f ? sum / total[r] : 0.0f;
+    }
 }
 
 // Scores, softmax and output of R query rows of one key/value head.
 template <int R>
 void attend_rows(const float* const* q, const float* key, const float* value,
                  const RowMask* mask, const Shapes& s, float scale, float* const* score,
-                 float* const* out, std::vector<int32_t>& seen) {
+                 float* const* out, std::vector<int32_t>* seen) {
   scores<R>(q, key, s, scale, score);
-  for (int r = 0; r < R; ++r) {
-    const float total = softmax(score[r], mask[r], s, seen);
-    weigh(score[r], seen, value, s, total, out[r]);
-  }
+  float total[R];
+  for (int r = 0; r < R; ++r) total[r] = softmax(score[r], mask[r], s, seen[r]);
+  weigh<R>(score, seen, value, s, total, out);
 }
 
 // Whether an additive mask holds only 0 (sees) and masked values (at most -1e30): else it is
@@ -272,8 +307,8 @@ torch::Tensor attend(torch::Tensor query, torch::Tensor key, torch::Tensor value
   float* o = out.data_ptr<float>();
   at::parallel_for(0, s.batch * s.kv_heads * blocks, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> buffer(kRowsAtOnce * s.padded, 0.0f);
-    std::vector<int32_t> seen;
-    seen.reserve(s.keys);
+    std::vector<int32_t> seen[kRowsAtOnce];
+    for (auto& row_seen : seen) row_seen.reserve(s.keys);
     const float* qr[kRowsAtOnce];
     float* sr[kRowsAtOnce];
     RowMask row_mask[kRowsAtOnce];
@@ -301,7 +336,7 @@ torch::Tensor attend(torch::Tensor query, torch::Tensor key, torch::Tensor value
         attend_rows<kRowsAtOnce>(qr, k, vh, row_mask, s, scale, sr, row_out, seen);
       } else {
         for (int64_t i = 0; i < count; ++i)
-          attend_rows<1>(qr + i, k, vh, row_mask + i, s, scale, sr + i, row_out + i, seen);
+          attend_rows<1>(qr + i, k, vh, row_mask + i, s, scale, sr + i, row_out + i, seen + i);
       }
     }
   });

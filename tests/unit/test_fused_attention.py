@@ -121,3 +121,15 @@ def test_only_blocks_that_compute_the_same_are_swapped():
     assert [type(model[name]) for name in ("sliding", "normed", "float_proj", "scaled")] == [
         modeling_qwen2.Qwen2Attention, modeling_llama.LlamaAttention,
         modeling_llama.LlamaAttention, ScaledQwen2Attention]
+
+
+def test_a_swapped_block_passes_on_the_attention_functions_weights():
+    model = torch.nn.ModuleDict({"attn": attention_block("llama")})
+    states = torch.randn(1, 3, HIDDEN, generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        _, before = model["attn"](states, angles(1, 3), None, cache=DynamicCache())
+        fuse_attention(model, modeling_llama.eager_attention_forward)
+        _, after = model["attn"](states, angles(1, 3), None, cache=DynamicCache())
+    assert isinstance(model["attn"], FusedAttention)
+    assert before.shape == (1, HEADS, 3, 3)  # eager attention gives its softmax weights
+    assert torch.equal(after, before)

@@ -67,15 +67,18 @@ class FusedAttention(PlainCalls):
         output [B, T, hidden] and the attention function's weights (None here)."""
         cache = past_key_values if cache is None else cache  # the name before 5.24
         lead = hidden_states.shape[:-1]
-        out = self.attend_rows(hidden_states.reshape(-1, hidden_states.shape[-1]), lead,
-                               position_embeddings, attention_mask, cache, kwargs)
-        return out.view(*lead, out.shape[-1]), None
+        out, weights = self.attend_rows(hidden_states.reshape(-1, hidden_states.shape[-1]),
+                                        lead, position_embeddings, attention_mask, cache,
+                                        kwargs)
+        return out.view(*lead, out.shape[-1]), weights
 
     def attend_rows(self, rows: torch.Tensor, lead: torch.Size,
                     position_embeddings: tuple[torch.Tensor, torch.Tensor],
-                    attention_mask: torch.Tensor | None, cache, kwargs: dict) -> torch.Tensor:
+                    attention_mask: torch.Tensor | None, cache, kwargs: dict
+                    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The block on the rows [B * T, hidden] of hidden states [B, T, hidden] (``lead`` is
-        (B, T)) -> [B * T, hidden]. ``kwargs`` go to the cache and the attention function."""
+        (B, T)) -> [B * T, hidden] and the attention function's weights (None from the
+        row-invariant one). ``kwargs`` go to the cache and the attention function."""
         (q_proj, q_args), (k_proj, k_args), (v_proj, v_args), (o_proj, o_args) = self._calls
         shape = (*lead, -1, self.head_dim)  # [B, T, heads, D]
         cos, sin = position_embeddings
@@ -86,9 +89,9 @@ class FusedAttention(PlainCalls):
         value = v_proj(rows, *v_args).view(shape).transpose(1, 2)
         if cache is not None:
             key, value = cache.update(key, value, self.layer_idx, kwargs=kwargs)
-        out, _ = self._attend(self, query, key, value, attention_mask, dropout=0.0,
-                              scaling=self.scaling, **self._extra, **kwargs)
-        return o_proj(out.reshape(rows.shape[0], -1), *o_args)
+        out, weights = self._attend(self, query, key, value, attention_mask, dropout=0.0,
+                                    scaling=self.scaling, **self._extra, **kwargs)
+        return o_proj(out.reshape(rows.shape[0], -1), *o_args), weights
 
 
 def fuse_attention(model: torch.nn.Module, attend) -> int:

@@ -65,9 +65,9 @@ class FusedDecoderLayer(PlainCalls):
         cache = past_key_values if cache is None else cache  # the name before 5.24
         first_norm, attention, second_norm, mlp = self._parts
         rows = hidden_states.reshape(-1, hidden_states.shape[-1]).contiguous()  # [B * T, H]
-        rows = rows + attention.attend_rows(first_norm.rows(rows), hidden_states.shape[:-1],
-                                            position_embeddings, attention_mask, cache,
-                                            kwargs)
+        attended, _ = attention.attend_rows(first_norm.rows(rows), hidden_states.shape[:-1],
+                                            position_embeddings, attention_mask, cache, kwargs)
+        rows = rows + attended
         rows = rows + mlp.rows(second_norm.rows(rows))
         return rows.view(hidden_states.shape)
 

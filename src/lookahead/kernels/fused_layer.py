@@ -18,7 +18,6 @@ random input; anything else is left as it is.
 
 from __future__ import annotations
 
-import functools
 import logging
 
 import torch
@@ -44,7 +43,7 @@ class FusedDecoderLayer(PlainCalls):
 
     def __init__(self, layer: torch.nn.Module) -> None:
         # nn.Module's own set-up only: the layer's class (a base of this one, see
-        # fused_layer_class) would build new children
+        # fuse_layers) would build new children
         torch.nn.Module.__init__(self)
         for name, value in vars(layer).items():  # training, hidden_size, attention_type...
             if not name.startswith("_"):
@@ -72,20 +71,14 @@ class FusedDecoderLayer(PlainCalls):
         return rows.view(hidden_states.shape)
 
 
-@functools.cache  # one class per layer class: a fixed set, made on first use
-def fused_layer_class(base: type) -> type:
-    """``FusedDecoderLayer`` as a subclass of ``base`` (a decoder layer's class)."""
-    return type(f"Fused{base.__name__}", (FusedDecoderLayer, base),
-                {"__module__": __name__, "__doc__": FusedDecoderLayer.__doc__})
-
-
 def fuse_layers(model: torch.nn.Module) -> int:
     """Swap ``model``'s Llama-style decoder layers for :class:`FusedDecoderLayer` where each
     gives the same bits (see the module's text). Returns how many were swapped."""
+    classes: dict[type, type] = {}  # a layer class -> FusedDecoderLayer as its subclass
     swapped = 0
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
-            new = _fused(child)
+            new = _fused(child, classes)
             if new is not None:
                 setattr(parent, name, new)
                 swapped += 1
@@ -93,14 +86,19 @@ def fuse_layers(model: torch.nn.Module) -> int:
     return swapped
 
 
-def _fused(layer: torch.nn.Module) -> FusedDecoderLayer | None:
-    """A ``FusedDecoderLayer`` that computes what ``layer`` does, or None."""
+def _fused(layer: torch.nn.Module, classes: dict[type, type]) -> FusedDecoderLayer | None:
+    """A ``FusedDecoderLayer`` that computes what ``layer`` does, or None. ``classes``: the
+    subclasses made so far, one per layer class."""
     children = dict(layer.named_children())
     if (type(layer).__name__ not in KNOWN_CLASSES or isinstance(layer, FusedDecoderLayer)
             or set(children) != set(CHILDREN)
             or not all(isinstance(children[name], kind) for name, kind in CHILDREN.items())):
         return None
-    new = fused_layer_class(type(layer))(layer)
+    base = type(layer)
+    if base not in classes:
+        classes[base] = type(f"Fused{base.__name__}", (FusedDecoderLayer, base),
+                             {"__module__": __name__, "__doc__": FusedDecoderLayer.__doc__})
+    new = classes[base](layer)
     return new if _same_bits(layer, new) else None
 
 

@@ -40,6 +40,8 @@ namespace {
 
 constexpr int64_t kLanes = 16;      // floats a vector: dimensions of a dot product or output
 constexpr int64_t kRowsAtOnce = 4;  // query rows that share one read of a key
+constexpr int kBlocksAtOnce = 4;    // 16-dimension output blocks summed per pass over
+                                    // the keys: rows x 4 sums in registers
 
 typedef float Lanes __attribute__((vector_size(kLanes * sizeof(float))));
 
@@ -189,7 +191,8 @@ int64_t leading(const std::vector<int32_t>& seen) {
 // still add its keys in its own order, so a row's sums are the same in a block or alone.
 template <int R, int N>
 void weigh_blocks(const float* const* p, const std::vector<int32_t>* seen, int64_t shared,
-                  const float* value, int64_t row, int64_t first, Lanes (*acc)[4]) {
+                  const float* value, int64_t row, int64_t first,
+                  Lanes (*acc)[kBlocksAtOnce]) {
   for (int r = 0; r < R; ++r)
     for (int n = 0; n < N; ++n) acc[r][n] = Lanes{};
   for (int64_t j = 0; j < shared; ++j) {
@@ -216,13 +219,12 @@ void weigh_blocks(const float* const* p, const std::vector<int32_t>* seen, int64
 template <int R>
 void weigh(const float* const* p, const std::vector<int32_t>* seen, const float* value,
            const Shapes& s, const float* total, float* const* out) {
-  constexpr int kMost = 4;  // blocks summed at once: R x 4 sums in registers
   int64_t shared = s.keys;
   for (int r = 0; r < R; ++r) shared = std::min(shared, leading(seen[r]));
   const int64_t blocks = s.dim / kLanes;
-  Lanes acc[R][kMost];
-  for (int64_t first = 0; first < blocks; first += kMost) {
-    const int64_t count = std::min<int64_t>(kMost, blocks - first);
+  Lanes acc[R][kBlocksAtOnce];
+  for (int64_t first = 0; first < blocks; first += kBlocksAtOnce) {
+    const int64_t count = std::min<int64_t>(kBlocksAtOnce, blocks - first);
     switch (count) {
       case 4: weigh_blocks<R, 4>(p, seen, shared, value, s.value_row, first, acc); break;
       case 3: weigh_blocks<R, 3>(p, seen, shared, value, s.value_row, first, acc); break;

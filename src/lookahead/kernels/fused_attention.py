@@ -23,7 +23,8 @@ import torch
 from transformers import DynamicCache
 
 from lookahead.kernels.quant_linear import QuantLinear
-from lookahead.kernels.row_ops import PlainCalls, load_row_ops, row_ops_problem
+from lookahead.kernels.row_ops import (PlainCalls, load_row_ops, row_ops_problem,
+                                       swap_children)
 
 logger = logging.getLogger(__name__)
 
@@ -102,13 +103,7 @@ def fuse_attention(model: torch.nn.Module, attend) -> int:
     if problem is not None:
         logger.info("attention blocks left as they are: %s", problem)
         return 0
-    swapped = 0
-    for parent in list(model.modules()):
-        for name, child in list(parent.named_children()):
-            new = _fused(child, attend)
-            if new is not None:
-                setattr(parent, name, new)
-                swapped += 1
+    swapped = len(swap_children(model, lambda child: _fused(child, attend)))
     logger.info("fused attention: %d blocks swapped", swapped)
     return swapped
 

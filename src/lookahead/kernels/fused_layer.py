@@ -24,7 +24,7 @@ import torch
 from transformers import DynamicCache
 
 from lookahead.kernels.fused_attention import FusedAttention, cache_keyword_of
-from lookahead.kernels.row_ops import GatedMLP, PlainCalls, RowRMSNorm
+from lookahead.kernels.row_ops import GatedMLP, PlainCalls, RowRMSNorm, swap_children
 
 logger = logging.getLogger(__name__)
 
@@ -75,13 +75,7 @@ def fuse_layers(model: torch.nn.Module) -> int:
     """Swap ``model``'s Llama-style decoder layers for :class:`FusedDecoderLayer` where each
     gives the same bits (see the module's text). Returns how many were swapped."""
     classes: dict[type, type] = {}  # a layer class -> FusedDecoderLayer as its subclass
-    swapped = 0
-    for parent in list(model.modules()):
-        for name, child in list(parent.named_children()):
-            new = _fused(child, classes)
-            if new is not None:
-                setattr(parent, name, new)
-                swapped += 1
+    swapped = len(swap_children(model, lambda child: _fused(child, classes)))
     logger.info("fused decoder layers: %d swapped", swapped)
     return swapped
 

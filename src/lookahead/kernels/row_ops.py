@@ -141,15 +141,24 @@ def fuse_row_ops(model: torch.nn.Module) -> dict[str, int]:
     if problem is not None:
         logger.info("norms and MLPs left as they are: %s", problem)
         return {"norms": 0, "mlps": 0}
-    swapped = {"norms": 0, "mlps": 0}
-    for parent in list(model.modules()):
-        for name, child in list(parent.named_children()):
-            new = _row_norm(child) or _gated_mlp(child)
-            if new is not None:
-                setattr(parent, name, new)
-                swapped["norms" if isinstance(new, RowRMSNorm) else "mlps"] += 1
+    new = swap_children(model, lambda child: _row_norm(child) or _gated_mlp(child))
+    norms = sum(isinstance(module, RowRMSNorm) for module in new)
+    swapped = {"norms": norms, "mlps": len(new) - norms}
     logger.info("row operations: %(norms)d norms and %(mlps)d MLPs swapped", swapped)
     return swapped
+
+
+def swap_children(model: torch.nn.Module, make) -> list[torch.nn.Module]:
+    """Replace every module below ``model`` for which ``make(module)`` gives a module (not
+    None) by that module; returns the new modules, in the order they were made."""
+    made = []
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            new = make(child)
+            if new is not None:
+                setattr(parent, name, new)
+                made.append(new)
+    return made
 
 
 def _row_norm(module: torch.nn.Module) -> RowRMSNorm | None:

@@ -28,6 +28,10 @@ class GrowingLayer(DynamicLayer):
     replaces ``keys`` / ``values`` by other tensors (a batch's cache surgery) may: the next
     ``update`` notices that they are no longer views of the buffers and copies them into new
     ones. Writing into the views (``keep_new``) writes into the buffers, as intended.
+
+    The views this layer made itself (by ``update`` or ``crop``) are remembered, so that the
+    next ``update`` knows them by identity: checking pointers, strides and shapes took about
+    10 us a layer, 0.3 ms of a 28-layer step.
     """
 
     SPARE = 64
@@ -35,6 +39,7 @@ class GrowingLayer(DynamicLayer):
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         super().lazy_initialization(key_states, value_states)
         self._buffers: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._views: tuple[torch.Tensor, torch.Tensor] | None = None  # made here, of _buffers
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args,
                **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
@@ -43,13 +48,27 @@ class GrowingLayer(DynamicLayer):
             self.lazy_initialization(key_states, value_states)
         length = self.get_seq_length()
         end = length + key_states.shape[-2]
-        if not self._holds(end):
+        if not (self._own_views() and end <= self._buffers[0].shape[2]) and not self._holds(end):
             self._reallocate(key_states, value_states, length, end)
         keys, values = self._buffers
         keys[:, :, length:end] = key_states
         values[:, :, length:end] = value_states
         self.keys, self.values = keys[:, :, :end], values[:, :, :end]
+        self._views = (self.keys, self.values)
         return self.keys, self.values
+
+    def crop(self, tokens_to_remove: int) -> None:
+        """Drop the last ``-tokens_to_remove`` entries (transformers' convention): a shorter
+        view of the same buffers."""
+        own = self.is_initialized and self._own_views()
+        super().crop(tokens_to_remove)
+        if own:
+            self._views = (self.keys, self.values)
+
+    def _own_views(self) -> bool:
+        """Whether ``keys`` / ``values`` are still the views this layer made of its buffers."""
+        views = self._views
+        return views is not None and views[0] is self.keys and views[1] is self.values
 
     def _holds(self, end: int) -> bool:
         """Whether ``keys`` / ``values`` are still views of the buffers, with room up to ``end``."""

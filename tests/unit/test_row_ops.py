@@ -6,9 +6,13 @@ from __future__ import annotations
 import pytest
 import torch
 from gguf import GGMLQuantizationType as Q
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from test_quant_linear import layer
 
-from lookahead.kernels.row_ops import GatedMLP, RowRMSNorm, fuse_row_ops, load_row_ops
+from lookahead.kernels.row_ops import (GatedMLP, RowRMSNorm, built_argmax, fuse_row_ops,
+                                       load_row_ops)
+from lookahead.verify import ARGMAX_BLOCK, argmax
 
 
 class LlamaStyleRMSNorm(torch.nn.Module):
@@ -96,3 +100,30 @@ def test_only_modules_that_compute_the_same_are_swapped():
     torch.testing.assert_close(model["mixed"](x), before["mixed"], rtol=1e-3, atol=1e-4)
     torch.testing.assert_close(model["norm"](x), before["norm"], rtol=1e-5, atol=1e-6)
     assert (model["mlp"](x) - before["mlp"]).norm() <= 1e-3 * before["mlp"].norm()
+
+
+@settings(max_examples=150, deadline=None)
+@given(rows=st.integers(1, 4), vocab=st.integers(1, 3 * 16 * 16 + 5), levels=st.integers(1, 6),
+       seed=st.integers(0, 2**31 - 1),
+       specials=st.lists(st.sampled_from(["nan", "inf", "-inf"]), max_size=3))
+def test_the_compiled_argmax_is_torch_argmax_with_ties_nan_and_infinities(rows, vocab, levels,
+                                                                          seed, specials):
+    generator = torch.Generator().manual_seed(seed)
+    # few distinct values: many ties across the 16 lanes, so the first maximum must be found
+    logits = torch.randint(0, levels, (rows, vocab), generator=generator).float()
+    for special in specials:
+        at = torch.randint(0, rows * vocab, (1,), generator=generator).item()
+        logits.view(-1)[at] = float(special)
+    assert torch.equal(load_row_ops().argmax(logits), torch.argmax(logits, dim=-1))
+
+
+def test_verify_argmax_takes_the_compiled_pass_once_the_row_ops_are_built():
+    load_row_ops()
+    assert built_argmax() is load_row_ops().argmax
+    logits = torch.randn(3, 2, 5 * ARGMAX_BLOCK + 7)
+    logits[1, 0, 17] = logits[1, 0, 600] = 1e9  # a tie: the first one
+    assert torch.equal(argmax(logits), logits.argmax(-1))
+    strided = torch.randn(4 * ARGMAX_BLOCK + 1, 6).t()  # rows not contiguous: copied
+    assert torch.equal(argmax(strided), strided.argmax(-1))
+    with pytest.raises(RuntimeError, match="logits must be float32"):
+        load_row_ops().argmax(torch.zeros(2, 5, dtype=torch.float64))

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import functools
 import logging
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 
@@ -45,6 +46,16 @@ def load_row_ops() -> ModuleType:
     return compile_kernel(f"lookahead_row_ops_{isa}", SOURCES,
                           ["-O3", "-ffp-contract=off", *ISA_FLAGS[isa]],
                           headers=(EXP_APPROX,))
+
+
+def built_argmax() -> Callable[[torch.Tensor], torch.Tensor] | None:
+    """The compiled argmax (float32 [N, V], rows contiguous -> int64 [N], torch.argmax's
+    answer) where this process has already built the row operations (loading a quantized
+    model does), else None. It never starts a build: a first one takes about a minute, which
+    a de-quantised model's decoding should not wait for."""
+    if load_row_ops.cache_info().currsize == 0:
+        return None
+    return load_row_ops().argmax
 
 
 def row_ops_problem() -> str | None:

@@ -49,8 +49,11 @@ enum QType : int { kQ4_0 = 2, kQ4_1 = 3, kQ5_0 = 6, kQ8_0 = 8, kQ4_K = 12, kQ6_K
 constexpr int kGroup = 16;          // outputs per record
 // Bytes of records ahead to ask memory for. Without it, a pass of 8 rows over a Q4_K layer
 // read from memory took 1.8 times its time from cache (memory and arithmetic did not
-// overlap); with it, the same. One row of Q4_K is left to the hardware prefetcher: the
-// prefetches cost it 10-20 %, while two rows gain 7 % (docs/quantized-kernel.md).
+// overlap); with it, the same. Where one tile takes all the rows (decoding), the records
+// are asked for as non-temporal (prefetchnta), as each is read once a pass: fetched as
+// usual, a gigabyte of them pushed everything else out of the caches (the attention's keys,
+// the Python between the layers), which then ran several times slower. Where later tiles
+// read them again (a prompt), they are fetched as usual (docs/quantized-kernel.md).
 constexpr int64_t kAhead = 4096;
 
 inline int32_t load32(const void* p) { int32_t v; std::memcpy(&v, p, 4); return v; }
@@ -161,21 +164,28 @@ using I = V::I;
 using F = V::F;
 
 // Where one call's rows are: xq at the block's first input of row 0, dx / xs at its first
-// scale / sub-sum, y at the group's first output of row 0; ld* step one row on.
+// scale / sub-sum, y at the group's first output of row 0; ld* step one row on. once: no
+// later tile of rows reads these records again (kAhead's note).
 struct Rows {
   const int8_t* xq; int64_t ldx;
   const float* dx; int64_t lddx;
   const int16_t* xs; int64_t ldxs;
   float* y; int64_t ldy;
+  bool once = true;
 };
 
 inline I bcast(const int8_t* p) { return V::set1(load32(p)); }
 
-// Asks for the lines of [ahead + from, ahead + to) (nothing when ahead is null). An asm
-// statement: GCC 12 dropped _mm_prefetch here as dead code (no prefetcht0 in the build).
-inline void prefetch_lines(const uint8_t* ahead, int64_t from, int64_t to) {
+// Asks for the lines of [ahead + from, ahead + to) (nothing when ahead is null), as read
+// once or not (kAhead's note). An asm statement: GCC 12 dropped _mm_prefetch here as dead
+// code (no prefetch instruction in the build).
+inline void prefetch_lines(const uint8_t* ahead, int64_t from, int64_t to, bool once) {
   if (ahead == nullptr) return;
-  for (int64_t o = from; o < to; o += 64) asm volatile("prefetcht0 %0" : : "m"(ahead[o]));
+  if (once) {
+    for (int64_t o = from; o < to; o += 64) asm volatile("prefetchnta %0" : : "m"(ahead[o]));
+  } else {
+    for (int64_t o = from; o < to; o += 64) asm volatile("prefetcht0 %0" : : "m"(ahead[o]));
+  }
 }
 
 // y[r] += ((isum * d) - (msum * dmin)) * dx[r], in this order (reference_linear's); the first
@@ -204,7 +214,7 @@ void q4k(const uint8_t* rec, int64_t /*count*/, const Rows& a, const uint8_t* ah
   I isum[R], acc[R][S];
   for (int r = 0; r < R; ++r) isum[r] = V::zero();
   for (int j = 0; j < 8; ++j) {
-    prefetch_lines(ahead, j * 296, (j + 1) * 296);   // 2368 bytes a record, an eighth each
+    prefetch_lines(ahead, j * 296, (j + 1) * 296, a.once);  // 2368 bytes a record: an eighth
     for (int r = 0; r < R; ++r)
       for (int s = 0; s < S; ++s) acc[r][s] = V::zero();
     for (int c = 0; c < 4; ++c) {
@@ -244,7 +254,7 @@ void q6k(const uint8_t* rec, int64_t /*count*/, const Rows& a, const uint8_t* ah
   I isum[R], two[R][S];
   for (int r = 0; r < R; ++r) isum[r] = V::zero();
   for (int j = 0; j < 16; ++j) {
-    prefetch_lines(ahead, j * 210, (j + 1) * 210);   // 3360 bytes a record
+    prefetch_lines(ahead, j * 210, (j + 1) * 210, a.once);   // 3360 bytes a record
     for (int r = 0; r < R; ++r) {
       two[r][0] = V::set1(-32 * a.xs[r * a.ldxs + j]);
       for (int s = 1; s < S; ++s) two[r][s] = V::zero();
@@ -288,7 +298,7 @@ void small(const uint8_t* rec, int64_t count, const Rows& a, const uint8_t* ahea
   const I low = V::set8(0x0F);
   I acc[R][S], msum[R];
   for (int64_t b = 0; b < count; ++b, rec += kBytes) {
-    prefetch_lines(ahead == nullptr ? nullptr : ahead + b * kBytes, 0, kBytes);
+    prefetch_lines(ahead == nullptr ? nullptr : ahead + b * kBytes, 0, kBytes, a.once);
     for (int r = 0; r < R; ++r) {
       const int32_t xs = a.xs[r * a.ldxs + b];
       acc[r][0] = V::set1(-kOffset * xs);
@@ -378,9 +388,9 @@ void run_groups(int64_t g0, int64_t g1, const uint8_t* records, const Format& f,
         const Rows a{all.xq + r * all.ldx + b * f.block, all.ldx,
                      all.dx + r * all.lddx + b, all.lddx,
                      all.xs + r * all.ldxs + b * subs, all.ldxs,
-                     all.y + r * all.ldy + g * kGroup, all.ldy};
+                     all.y + r * all.ldy + g * kGroup, all.ldy, n <= tile};
         const int64_t rows = std::min<int64_t>(tile, n - r);
-        const bool ask = r == 0 && distance > 0 && (QT != kQ4_K || rows > 1);
+        const bool ask = r == 0 && distance > 0;
         const uint8_t* ahead = ask ? rec + distance : nullptr;
         for (int lane0 = 0; lane0 < kGroup; lane0 += V::kLanes) {
           Rows half = a;

@@ -23,7 +23,9 @@
 // Four query rows share each read of a key, and each read of a value among the keys all four
 // see before any gap; each row's arithmetic is the same whether it runs in a block of four or
 // alone. The loops are bound by loads, not arithmetic: a query's 16 dimensions are loaded
-// once for 16 keys (12 heads x 240 keys: 27 -> 17 us for one row, 83 -> 59 us for four).
+// once for 16 keys (12 heads x 240 keys: 27 -> 17 us for one row, 83 -> 59 us for four). A
+// row that sees its keys without a gap lists them and sums its weights with whole loads
+// (the same lanes in the same order): 17 -> 15 us and 58 -> 49 us.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
@@ -154,8 +156,13 @@ struct RowMask {
 // summed in a fixed order of those keys; ``seen`` gets their indices.
 float softmax(float* score, const RowMask& mask, const Shapes& s, std::vector<int32_t>& seen) {
   seen.clear();
-  for (int64_t j = 0; j < s.keys; ++j)
-    if (mask.sees(j)) seen.push_back(static_cast<int32_t>(j));
+  if (mask.bytes == nullptr && mask.additive == nullptr) {  // the first ``limit`` keys
+    seen.resize(std::max<int64_t>(0, std::min(mask.limit, s.keys)));
+    for (int64_t j = 0; j < static_cast<int64_t>(seen.size()); ++j) seen[j] = j;
+  } else {
+    for (int64_t j = 0; j < s.keys; ++j)
+      if (mask.sees(j)) seen.push_back(static_cast<int32_t>(j));
+  }
   if (seen.empty()) return 0.0f;  // a row that sees nothing
   float top = -std::numeric_limits<float>::infinity();
   for (const int32_t j : seen) top = std::max(top, score[j]);
@@ -164,7 +171,10 @@ float softmax(float* score, const RowMask& mask, const Shapes& s, std::vector<in
   // the keys a row sees are the same in the same order; 16 sums keep the adds from waiting.
   Lanes lanes = {};
   const int64_t count = static_cast<int64_t>(seen.size()), whole = count / kLanes * kLanes;
-  for (int64_t i = 0; i < whole; i += kLanes) {
+  // Keys seen without a gap (no mask, a causal row): the same lanes, loaded whole.
+  const int64_t loaded = seen[count - 1] == count - 1 ? whole : 0;
+  for (int64_t i = 0; i < loaded; i += kLanes) lanes = lanes + load(score + i);
+  for (int64_t i = loaded; i < whole; i += kLanes) {
     Lanes x;
     for (int64_t l = 0; l < kLanes; ++l) x[l] = score[seen[i + l]];
     lanes = lanes + x;

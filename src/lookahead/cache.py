@@ -48,7 +48,7 @@ class GrowingLayer(DynamicLayer):
             self.lazy_initialization(key_states, value_states)
         length = self.get_seq_length()
         end = length + key_states.shape[-2]
-        if not (self._own_views() and end <= self._buffers[0].shape[2]) and not self._holds(end):
+        if not self._holds(end):
             self._reallocate(key_states, value_states, length, end)
         keys, values = self._buffers
         keys[:, :, length:end] = key_states
@@ -72,6 +72,8 @@ class GrowingLayer(DynamicLayer):
 
     def _holds(self, end: int) -> bool:
         """Whether ``keys`` / ``values`` are still views of the buffers, with room up to ``end``."""
+        if self._own_views():
+            return end <= self._buffers[0].shape[2]
         if self._buffers is None or self.keys.numel() == 0:
             return False
         return all(

@@ -158,7 +158,8 @@ float softmax(float* score, const RowMask& mask, const Shapes& s, std::vector<in
   seen.clear();
   if (mask.bytes == nullptr && mask.additive == nullptr) {  // the first ``limit`` keys
     seen.resize(std::max<int64_t>(0, std::min(mask.limit, s.keys)));
-    for (int64_t j = 0; j < static_cast<int64_t>(seen.size()); ++j) seen[j] = j;
+    for (int64_t j = 0; j < static_cast<int64_t>(seen.size()); ++j)
+      seen[j] = static_cast<int32_t>(j);
   } else {
     for (int64_t j = 0; j < s.keys; ++j)
       if (mask.sees(j)) seen.push_back(static_cast<int32_t>(j));

@@ -24,6 +24,11 @@ sources hold between them, at the cost of the tokens they take.
 
     python benchmarks/replay_text_proposers.py RESULTS.json --datastore python \
         --lookup-tokens 8 --workload code     # priced on the saved "code" profile's curve
+
+With a saved profile, two rows replay its tuned shape: its candidates cut on the token cost
+(with the copy after the first earlier 3-gram, as before step costs) and priced on its curve
+(``LookaheadConfig.step_costs``). Steps are capped at the tuned shape's ``max_step_tokens``
+unless ``--max-step-tokens`` says otherwise.
 """
 
 from __future__ import annotations
@@ -34,9 +39,10 @@ import sys
 from pathlib import Path
 
 from lookahead.attention import TokenTree
+from lookahead.decode import fit_budget
 from lookahead.cli.bench_args import quiet_loading
 from lookahead.bench.cost_curve import cost_at
-from lookahead.profiles import load_profile
+from lookahead.profiles import load_profile, shape_label, shape_of, step_costs_of
 from lookahead.sources.datastore import Datastore, load_datastore
 from lookahead.config import LookaheadConfig, PromptLookupConfig
 from lookahead.bench.datasets import encode_prompt, load_prompts
@@ -56,14 +62,15 @@ def accepted_path(tree: TokenTree, truth: list[int]) -> int:
     return depth
 
 
-def replay(proposer, texts: list[tuple[list[int], list[int]]], extra: int = 0
-           ) -> tuple[int, list[int]]:
+def replay(proposer, texts: list[tuple[list[int], list[int]]], extra: int = 0,
+           cap: int | None = None) -> tuple[int, list[int]]:
     """(tokens after the first, fed tokens of each decoding step) over ``texts``, each a
     (prompt ids, greedy output ids) pair; the first output token comes from the prefill.
 
     Only the proposal's candidates are replayed: a lookahead window needs the model's outputs,
     so it is left out (its proposer then learns from the text alone) and counted as ``extra``
-    fed tokens per step."""
+    fed tokens per step. ``cap``: the most tokens a step feeds, x0 included
+    (``max_step_tokens``), as the decoder trims a proposal (``fit_budget``)."""
     tokens, fed = 0, []
     memory = getattr(proposer, "memory", None)
     for prompt, output in texts:
@@ -71,7 +78,9 @@ def replay(proposer, texts: list[tuple[list[int], list[int]]], extra: int = 0
         done = 1
         while done < len(output):
             context = prompt + output[:done]
-            proposal = proposer.propose(context, len(output) - done - 1)
+            room = len(output) - done - 1
+            room = room if cap is None else min(room, cap - 1)
+            proposal = fit_budget(proposer.propose(context, room), cap)
             tree = TokenTree(context[-1], proposal.candidates)
             accepted = accepted_path(tree, output[done:])
             committed = output[done : done + accepted + 1]
@@ -136,8 +145,10 @@ def every_source(texts: list[tuple[list[int], list[int]]], length: int,
 
 
 def proposers(window_tokens: int, datastore: Datastore | None = None,
-              lookup_tokens: int = 8) -> dict[str, tuple[object, int]]:
-    """The text-only proposers to replay, by name, with the extra tokens each step feeds."""
+              lookup_tokens: int = 8, tuned: dict | None = None) -> dict[str, tuple[object, int]]:
+    """The text-only proposers to replay, by name, with the extra tokens each step feeds
+    (``tuned``: a profile's shape, ``find_shape``'s keywords, replayed as it was cut before
+    step costs, with the copy after the first earlier 3-gram, and as it is cut now)."""
     table: dict[str, tuple[object, int]] = {
         f"ours prompt lookup, {n} tokens": (PromptLookupProposer(PromptLookupConfig(n)), 0)
         for n in (4, 6, 8, 10, 16)
@@ -156,6 +167,15 @@ def proposers(window_tokens: int, datastore: Datastore | None = None,
     config = LookaheadConfig(window=1, ngram=4, guess=2, lookup_tokens=lookup_tokens)
     name = f"lookahead N4 G2 L{lookup_tokens} pool + lookup + memory + {window_tokens} window tokens"
     table[name] = (LookaheadProposer(config, memory=TextMemory()), window_tokens)
+    if tuned is not None:  # the profile's shape, cut on its token cost, then on its curve
+        name = "tuned " + shape_label(tuned)
+        fields = {k: v for k, v in tuned.items() if k not in ("max_step_tokens", "step_costs")}
+        table[name + ", cut on the token cost"] = (
+            LookaheadProposer(LookaheadConfig(**fields, lookup_ngram=3)), window_tokens)
+        if tuned.get("step_costs") is not None:
+            table[name + ", priced on the curve"] = (
+                LookaheadProposer(LookaheadConfig(**fields, step_costs=tuned["step_costs"])),
+                window_tokens)
     if datastore is not None:
         table["ours prompt lookup, 10 tokens + memory + datastore"] = (PromptLookupProposer(
             PromptLookupConfig(10), memory=TextMemory(), datastore=datastore), 0)
@@ -177,11 +197,16 @@ def main(argv: list[str] | None = None) -> int:
                         "profile (e.g. code; default: the model's general profile)")
     parser.add_argument("--lookup-tokens", type=int, default=8,
                         help="lookahead's first copy length, L (8)")
+    parser.add_argument("--max-step-tokens", type=int,
+                        help="the most tokens a step feeds, x0 included (default: the tuned "
+                        "shape's cap, else none)")
     args = parser.parse_args(argv)
     results = json.loads(args.results.read_text(encoding="utf-8"))
     config = results["config"]
     quiet_loading(args)
-    _, tokenizer = load_model(config["model"], config["dtype"])
+    quantized = config["dtype"] == "quantized"  # a GGUF model on the integer kernel
+    dtype = "float32" if quantized else config["dtype"]
+    _, tokenizer = load_model(config["model"], *(() if quantized else (dtype,)))
     datastore = load_datastore(args.datastore, tokenizer) if args.datastore else None
     texts = []
     setting = config.get("setting", config["dtype"])
@@ -196,17 +221,22 @@ def main(argv: list[str] | None = None) -> int:
                 texts.append((ids, run["tokens"]))
     if not texts:
         parser.error(f"no runs of method {args.baseline!r} in {args.results}")
-    packed = "packed" in config.get("setting", "")
-    profile = load_profile(config["model"], config["dtype"], workload=args.workload,
-                           packed=packed)
+    packed = "quantized" if quantized else "packed" in config.get("setting", "")
+    profile = load_profile(config["model"], dtype, workload=args.workload, packed=packed)
     curve = profile["curve"] if profile else None
+    tuned = shape_of(profile["best"]) if profile else None
+    if tuned is not None and tuned.get("token_cost") is not None:
+        tuned["step_costs"] = step_costs_of(curve)
+    cap = args.max_step_tokens or (tuned or {}).get("max_step_tokens")
     print(f"{config['model']}: {len(texts)} outputs of {args.baseline!r}, "
           f"{sum(len(o) for _, o in texts)} tokens; cost curve: "
-          f"{'profile of ' + profile['created'] if profile else 'none saved'}\n")
+          f"{'profile of ' + profile['created'] if profile else 'none saved'}"
+          f"{f'; steps of at most {cap} tokens' if cap else ''}\n")
     print("| proposer | tokens/step | fed tokens/step | predicted speed-up |")
     print("|---|--:|--:|--:|")
-    for name, (proposer, extra) in proposers(args.window_tokens, datastore, args.lookup_tokens).items():
-        tokens, fed = replay(proposer, texts, extra)
+    table = proposers(args.window_tokens, datastore, args.lookup_tokens, tuned)
+    for name, (proposer, extra) in table.items():
+        tokens, fed = replay(proposer, texts, extra, cap)
         speed = "-"
         if curve is not None:
             speed = f"{tokens * cost_at(curve, 1) / sum(cost_at(curve, k) for k in fed):.2f}x"

@@ -251,9 +251,14 @@ METHOD_CASES = {
     "lookahead-gauged": ("lookahead", {"window": 3, "ngram": 3, "guess": 2, "token_cost": 1.0,
                                        "window_probe": 3}),
     "lookahead-w1n2g1": ("lookahead", {"window": 1, "ngram": 2, "guess": 1}),
-    # Pool n-grams of one token and a copy that starts at 2 and grows while accepted whole.
+    # Pool n-grams of one token and a copy (after a match of up to 3 tokens) that starts at 2
+    # and grows while accepted whole.
     "lookahead-growing-copy": ("lookahead", {"window": 1, "ngram": 2, "guess": 1,
-                                             "lookup_tokens": 2, "lookup_max_tokens": 16}),
+                                             "lookup_ngram": 3, "lookup_tokens": 2,
+                                             "lookup_max_tokens": 16}),
+    # Candidates cut on measured step costs: copies after the last token alone too.
+    "lookahead-priced": ("lookahead", {"window": 2, "ngram": 3, "guess": 2, "token_cost": 0.2,
+                                       "step_costs": (1.0, 1.05, 1.15, 1.3, 1.5)}),
     "prompt_lookup": ("prompt_lookup", {}),
     "draft-self": ("draft", {"draft_model": "self"}),
     "draft-other": ("draft", {"draft_model": "other"}),

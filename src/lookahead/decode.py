@@ -193,10 +193,12 @@ class Decoder:
         if self.rope_switch is not None and past >= self.rope_switch > self._rope_cached_at:
             return self._recompute()
         plan = self.plan(past)  # 1. propose
+        start = time.perf_counter()
         logits = self._forward(plan.layout, past)  # 2. one forward pass
+        seconds = time.perf_counter() - start  # what a pass of this size costs now
         if self.observer is not None:
             self.observer("forward")
-        committed, keep = self.finish(plan, logits)  # 3. verify, 4. accept, 6. update
+        committed, keep = self.finish(plan, logits, seconds)  # 3. verify, 4. accept, 6. update
         keep_new(self.cache, past, keep)  # 5. roll back the cache to the accepted tokens
         if self.observer is not None:
             self.observer("keep")
@@ -231,8 +233,10 @@ class Decoder:
             observer("layout")
         return StepPlan(proposal, tree, layout)
 
-    def finish(self, plan: StepPlan, logits: torch.Tensor) -> tuple[list[int], list[int]]:
-        """Steps 3, 4 and 6 on the step's logits [R, V] (tree rows first, then branch rows).
+    def finish(self, plan: StepPlan, logits: torch.Tensor, seconds: float | None = None
+               ) -> tuple[list[int], list[int]]:
+        """Steps 3, 4 and 6 on the step's logits [R, V] (tree rows first, then branch rows);
+        ``seconds``: how long the forward pass took, where it was this request's alone.
 
         Returns the committed tokens and the step-input rows whose KV entries stay cached
         (x0 and the accepted nodes).
@@ -246,12 +250,14 @@ class Decoder:
         # 4. Accept: commit the tokens, stopping at EOS or at max_new_tokens.
         committed = self._commit(verdict.tokens)
         accepted = min(len(verdict.nodes), len(committed))  # none count past an EOS or the limit
-        self.stats.record_step(plan.layout.input_ids.shape[1], len(tree) - 1, accepted)
+        fed = plan.layout.input_ids.shape[1]
+        self.stats.record_step(fed, len(tree) - 1, accepted)
         if observer is not None:
             observer("commit")
         # 6. Let the proposer learn from what happened.
         branch_logits = logits[len(tree) :] if proposal.branch is not None else None
-        self.proposer.update(self.context, StepOutcome(committed, accepted, branch_logits))
+        self.proposer.update(self.context, StepOutcome(
+            committed, accepted, branch_logits, fed if seconds is not None else None, seconds))
         if observer is not None:
             observer("update")
         return committed, [0] + verdict.nodes  # tree node i sits at row i

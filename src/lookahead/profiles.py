@@ -186,8 +186,9 @@ def find_shape(model_name: str, dtype, cache_dir=None, device: str = "cpu",
                workload: str | None = None, packed: Kernel | None = None
                ) -> tuple[dict[str, float], str]:
     """``(shape, source)``. ``shape``: ``dict(window=, ngram=, guess=[, lookup_tokens=,
-    token_cost=, max_step_tokens=])``, the tuned best for this model, dtype and device (from
-    the ``workload`` profile if one is named and saved, else the general one), else
+    token_cost=, max_step_tokens=, step_costs=])``, the tuned best for this model, dtype and
+    device (from the ``workload`` profile if one is named and saved, else the general one;
+    ``step_costs`` read off its curve where its best has a tuned token cost), else
     ``default_shape(device)``; ``source``: the profile file it was read from, or
     ``DEFAULT_SOURCE``. Run ``lookahead tune --model NAME --dtype DTYPE [--workload W]`` to
     create a profile. ``packed``: the kernel of the linear layers (None: not known; see
@@ -204,7 +205,31 @@ def find_shape(model_name: str, dtype, cache_dir=None, device: str = "cpu",
         logger.info("no tuning profile for %s (%s); using the default shape", model_name, dtype)
         return default_shape(device), DEFAULT_SOURCE
     profile, path = found
-    return shape_of(profile["best"]), str(path)
+    shape = shape_of(profile["best"])
+    costs = step_costs_of(profile.get("curve"))
+    if costs is not None and shape.get("token_cost") is not None:  # priced as tuned
+        shape["step_costs"] = costs
+    return shape, str(path)
+
+
+def step_costs_of(curve: Mapping | None, up_to: int = 16) -> tuple[float, ...] | None:
+    """What steps of 1, 2, ... tokens cost relative to one (``LookaheadConfig.step_costs``),
+    read off a measured forward-cost curve (``{"tokens": [1, 2, 4, ...], "seconds": [...]}``):
+    linear between its sizes, up to its largest (at most ``up_to``), never decreasing; None
+    where the curve does not start at one token or has fewer than two sizes."""
+    if not curve or len(curve.get("tokens", ())) < 2 or curve["tokens"][0] != 1:
+        return None
+    sizes, seconds = curve["tokens"], curve["seconds"]
+    if seconds[0] <= 0:
+        return None
+    costs, i = [], 0
+    for k in range(1, min(sizes[-1], up_to) + 1):
+        while sizes[i + 1] < k:
+            i += 1
+        k0, k1, s0, s1 = sizes[i], sizes[i + 1], seconds[i], seconds[i + 1]
+        cost = max(s0 + (s1 - s0) * (k - k0) / (k1 - k0), seconds[0]) / seconds[0]
+        costs.append(round(max(cost, costs[-1] if costs else 1.0), 4))
+    return tuple(costs)
 
 
 def default_shape(device: str) -> dict[str, float]:

@@ -18,6 +18,7 @@ from lookahead.profiles import (
     load_profile,
     profile_path,
     resolve_shape,
+    step_costs_of,
 )
 
 
@@ -132,3 +133,31 @@ def test_a_cuda_model_gets_the_gpu_default_shape_untuned(tmp_path) -> None:
     given = resolve_auto_shape(OnCuda(), dict(window="auto", guess=4, token_cost=0.5))
     assert given == dict(window=15, ngram=5, guess=4, token_cost=0.5)
     assert LookaheadConfig(**given).window == 15  # a valid config
+
+
+def test_a_tuned_shape_brings_the_step_costs_of_its_curve(tmp_path: Path) -> None:
+    """A profile's forward-cost curve becomes ``step_costs`` (relative to one token, linear
+    between the measured sizes) where its best shape has a tuned token cost."""
+    curve = {"tokens": [1, 2, 4, 8], "seconds": [0.02, 0.022, 0.03, 0.05]}
+    assert step_costs_of(curve) == (1.0, 1.1, 1.3, 1.5, 1.75, 2.0, 2.25, 2.5)
+    assert step_costs_of(curve, up_to=3) == (1.0, 1.1, 1.3)
+    # A dip (noise) is levelled; a curve without one token, or of one size, gives none.
+    assert step_costs_of({"tokens": [1, 2, 3], "seconds": [1.0, 1.2, 1.1]}) == (1.0, 1.2, 1.2)
+    assert step_costs_of({"tokens": [2, 4], "seconds": [1.0, 1.2]}) is None
+    assert step_costs_of({"tokens": [1], "seconds": [1.0]}) is None and step_costs_of(None) is None
+    path = profile_path("some-model", "float32", cache_dir=tmp_path)
+    path.parent.mkdir(parents=True)
+    best = {"window": 2, "ngram": 4, "guess": 2, "token_cost": 0.2}
+    path.write_text(json.dumps({"best": best, "curve": curve}))
+    shape = resolve_shape("some-model", "float32", cache_dir=tmp_path)
+    assert shape["step_costs"] == step_costs_of(curve) and shape["token_cost"] == 0.2
+    assert LookaheadConfig(**shape).step_costs == step_costs_of(curve)
+    path.write_text(json.dumps({"best": {**best, "token_cost": None}, "curve": curve}))
+    assert "step_costs" not in resolve_shape("some-model", "float32", cache_dir=tmp_path)
+
+
+@pytest.mark.parametrize("costs", [(), (1.1, 1.2), (1.0, 0.9), (1.0, float("nan")), "1.0",
+                                   (1.0, True), 1.0])
+def test_step_costs_must_start_at_one_and_never_fall(costs) -> None:
+    with pytest.raises(ValueError, match="step_costs must be a non-empty list of numbers"):
+        LookaheadConfig(step_costs=costs)

@@ -30,6 +30,7 @@ from lookahead.profiles import (
     profile_path,
     resolve_shape,
     saved_profile_path,
+    step_costs_of,
 )
 
 from tiny import BENCH_PROMPTS, bench_argv, tune_argv
@@ -73,7 +74,10 @@ def test_tune_writes_a_profile_that_shape_auto_reads(tiny, capsys) -> None:
     expected = dict(window=best["window"], ngram=best["ngram"], guess=best["guess"],
                     lookup_tokens=8, token_cost=profile["token_cost"])
     assert profile["best"] == expected
-    assert resolve_shape(model, "float64", cache_dir=cache) == expected
+    # Decoding prices its candidates on the profile's curve.
+    costs = step_costs_of(profile["curve"])
+    assert costs[0] == 1.0 and len(costs) == 8
+    assert resolve_shape(model, "float64", cache_dir=cache) == expected | {"step_costs": costs}
 
     # --shape auto resolves through the profile; --guess overrides one part of it.
     args = build_parser().parse_args(bench_argv(tiny, "--shape", "auto", "--guess", "9"))
@@ -148,7 +152,8 @@ def test_a_workload_profile_is_its_own_and_falls_back_to_the_general_one(tiny, c
     # The tuned "code" shape for --workload code; the general profile is untouched.
     code = load_profile(model, "float64", cache_dir=cache, workload="code")
     assert resolve_shape(model, "float64", cache_dir=cache, workload="code") == dict(
-        window=1, ngram=2, guess=2, lookup_tokens=8, token_cost=code["token_cost"]
+        window=1, ngram=2, guess=2, lookup_tokens=8, token_cost=code["token_cost"],
+        step_costs=step_costs_of(code["curve"]),
     )
     assert resolve_shape(model, "float64", cache_dir=cache) == dict(window=3, ngram=4, guess=6)
     argv = bench_argv(tiny, "--workload", "code")

@@ -31,7 +31,8 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 # Methods whose candidates come from the text itself: on an echo prompt they must accept some.
-COPYING_METHODS = ("lookahead", "lookahead-w3n3g2", "lookahead-growing-copy", "prompt_lookup")
+COPYING_METHODS = ("lookahead", "lookahead-w3n3g2", "lookahead-growing-copy", "lookahead-priced",
+                   "prompt_lookup")
 
 
 @pytest.mark.parametrize("method_case", list(METHOD_CASES))

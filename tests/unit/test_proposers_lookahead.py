@@ -149,6 +149,48 @@ def test_depth_gauge_cuts_a_source_where_it_stops_paying_and_lets_it_back():
     assert gauge.depth("datastore", 6) == 5
 
 
+def test_priced_depths_feed_while_the_expected_tokens_outgrow_the_cost():
+    steep = DepthGauge(token_cost=0.2, step_costs=(1.0, 1.1, 1.25, 1.45, 1.7))
+    for _ in range(30):  # copies right for 2 tokens, then wrong
+        steep.record([([1, 2, 9, 9], "text")], fed=4, committed=[1, 2, 3])
+    # rates ~1, ~1, ~0: e = 1 -> 2 -> 3 beats 1.0 -> 1.1 -> 1.25; the third token cannot pay
+    assert steep.priced_depths([([1, 2, 9, 9], "text")]) == [2]
+    # Untried sources count at even odds: 1.5 / 1.1 > 1, 2 / 1.25 > 1.5 / 1.1, 2.5 / 1.45 > 2 / 1.25
+    assert steep.priced_depths([([4, 5, 6], "pool")]) == [3]
+    steeper = DepthGauge(token_cost=0.2, step_costs=(1.0, 1.3, 1.7, 2.2))  # 2.5 / 2.2 < 2 / 1.7
+    assert steeper.priced_depths([([4, 5, 6], "pool")]) == [2]
+    # A prefix already fed comes free; a second candidate pays only what the costs allow.
+    assert steep.priced_depths([([1, 2, 9], "text"), ([1, 2, 7], "text")]) == [2, 2]
+    flat = DepthGauge(token_cost=0.0, step_costs=(1.0,))  # tokens free: everything goes in
+    assert flat.priced_depths([([1, 2, 3], "text"), ([4, 5], "pool")]) == [3, 2]
+
+
+def test_priced_depth_gauge_counts_a_hit_only_past_the_candidates_before_it():
+    gauge = DepthGauge(token_cost=0.2, step_costs=(1.0, 1.1))
+    gauge.record([([1, 2, 3], "text"), ([1, 2, 8], "pool"), ([1, 4], "window")], fed=5,
+                 committed=[1, 2, 3, 4])
+    # From even odds (0.5), a hit moves a rate to 0.75 and a miss to 0.25.
+    assert gauge._rates["text"] == [[0.75, 2], [0.75, 2], [0.75, 2]]
+    # The pool's first two tokens were right, but the copy already had them: no gain.
+    assert gauge._rates["pool"] == [[0.25, 2], [0.25, 2], [0.25, 2]]
+    assert gauge._rates["window"] == [[0.25, 2], [0.25, 2]]
+    unpriced = DepthGauge(token_cost=0.2)  # the marginal rates, as before
+    unpriced.record([([1, 2, 3], "text"), ([1, 2, 8], "pool")], fed=5, committed=[1, 2, 3, 4])
+    assert unpriced._rates["pool"] == [[1.0, 2], [1.0, 2], [0.5, 2]]
+
+
+def test_priced_lookahead_copies_after_the_last_token_alone_only_when_priced():
+    text = [7, 1, 2, 3, 9, 8, 1]  # "1" occurred before, its last-but-one token never did
+    for costs, expected in ((None, []), ((1.0, 1.01, 1.02, 1.03), [[2, 3, 9]])):
+        config = LookaheadConfig(window=1, ngram=2, guess=1, lookup_tokens=3, token_cost=0.01,
+                                 prompt_pool=False, output_pool=False, step_costs=costs,
+                                 window_probe=1 << 20)
+        proposer = LookaheadProposer(config)
+        proposer.start(text)
+        proposer.gauge.warm_up = 0  # no window
+        assert proposer.propose(text, max_tokens=4).candidates == expected, costs
+
+
 def test_lookahead_feeds_each_candidate_to_the_depth_that_pays():
     text = [5, 6, 7, 1, 2, 3, 4, 8, 5, 6, 7]  # "5 6 7" was followed by "1 2 3 4 8 5 ..."
     fed = {}

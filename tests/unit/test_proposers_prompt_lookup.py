@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lookahead.proposers.prompt_lookup import find_continuation
+from lookahead.proposers.prompt_lookup import find_continuation, longest_match
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -76,3 +76,33 @@ def test_find_continuation_follows_an_earlier_occurrence(tokens, a, b, length):
             for i in range(len(tokens) - n)
         )
     assert result == brute_force_continuation(tokens, max_ngram, min_ngram, length)
+
+
+# --- the longest, latest match (lookahead's copy when priced on step costs) -----------------
+
+
+def test_longest_match_examples():
+    assert longest_match([5, 1, 2, 7, 1, 2, 8, 2], 3, 2) == ([8, 2], 1)  # the docstring's
+    assert longest_match([5, 1, 2, 7, 1, 2, 8, 1, 2], 3, 2) == ([8, 1], 2)  # latest of 2
+    assert longest_match([9, 1, 2, 4, 8, 1, 2, 5, 9, 1, 2], 3, 3) == ([4, 8, 1], 3)  # longest
+    assert longest_match([9, 1, 2, 4, 8, 1, 2, 5, 9, 1, 2], 2, 3) == ([5, 9, 1], 2)
+    assert longest_match([3, 3], 8, 4) == ([3], 1)  # the last token itself is no match
+    assert longest_match([1, 2, 3], 8, 4) == ([], 0)
+    assert longest_match([3], 8, 4) == ([], 0)
+    assert longest_match([1, 2, 1, 2], 0, 4) == ([], 0)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(0, 3), max_size=40), st.integers(1, 6), st.integers(1, 5))
+def test_longest_match_is_the_latest_of_the_longest(tokens, max_context, length):
+    """Against a brute force over every earlier occurrence of the last token."""
+    best, where = 0, None
+    for i in range(len(tokens) - 1):
+        matched = 0
+        while (matched < max_context and i - matched >= 0
+               and tokens[i - matched] == tokens[len(tokens) - 1 - matched]):
+            matched += 1
+        if matched and matched >= best:
+            best, where = matched, i
+    expected = ([], 0) if where is None else (tokens[where + 1 : where + 1 + length], best)
+    assert longest_match(tokens, max_context, length) == expected

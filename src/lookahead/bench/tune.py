@@ -94,6 +94,7 @@ from lookahead.profiles import (
     shape_dict,
     shape_label,
     shape_of,
+    step_costs_of,
 )
 from lookahead.sources.datastore import Datastore, check_spec, load_datastore
 
@@ -218,8 +219,11 @@ def measure_shape(model, prompts: Mapping[str, list[torch.Tensor]], shape, max_n
     k tokens], ...]] (the last, so that ``reprice`` can price the run on another curve).
     """
     options = shape_dict(shape)
-    if token_cost is not None:
+    if token_cost is not None:  # the tuned price: candidates cut on the curve, as they will be
         options["token_cost"] = token_cost
+        costs = step_costs_of(curve)
+        if costs is not None:
+            options["step_costs"] = costs
     if step_cap is not None:
         options[STEP_KEY] = step_cap
     decode_seconds = 0.0

@@ -32,11 +32,15 @@ class StepOutcome:
     committed: tokens appended to the text this step (accepted, then bonus or recovered).
     accepted: how many of them were proposed tokens.
     branch_logits: [R, V] logits of the branch rows the proposal asked for, or None.
+    forward_tokens, seconds: the tokens the step's forward pass was fed and how long it took,
+        where the pass was this request's alone (else None: a server's shared pass).
     """
 
     committed: list[int]
     accepted: int
     branch_logits: torch.Tensor | None = None
+    forward_tokens: int | None = None
+    seconds: float | None = None
 
 
 class Proposer(Protocol):

@@ -30,7 +30,8 @@ from lookahead.config import LookaheadConfig
 from lookahead.sources.datastore import Datastore
 from lookahead.sources.memory import TextMemory
 from lookahead.proposers.base import Proposal, StepOutcome
-from lookahead.proposers.prompt_lookup import CopyLength, find_continuation
+from lookahead.proposers.prompt_lookup import CopyLength, find_continuation, longest_match
+from lookahead.proposers.step_clock import StepClock
 from lookahead.verify import argmax
 
 
@@ -156,9 +157,17 @@ class DepthGauge:
     the 5th committed token scores at depth 5 too, so a cut depth can come back.
     """
 
-    def __init__(self, token_cost: float, smoothing: float = 0.1) -> None:
+    def __init__(self, token_cost: float, smoothing: float = 0.1,
+                 step_costs: tuple[float, ...] | None = None) -> None:
         self.token_cost = token_cost
         self.smoothing = smoothing
+        self.step_costs = step_costs
+        # the costs as this request's passes measure them, from the tuned ones
+        self.clock = None if step_costs is None else StepClock(step_costs, token_cost)
+        # A depth not yet seen counts as one hit (every depth is tried at first); priced on
+        # the step costs, as an even chance: replayed on HumanEval outputs, one hit fed too
+        # many tokens in a request's first steps.
+        self.prior = 1.0 if step_costs is None else 0.5
         self._rates: dict[str, list[list[float]]] = {}  # source -> [rate, samples] per depth
         self.committed = 1.0
         self.fed = 0.0
@@ -173,10 +182,42 @@ class DepthGauge:
                 return d
         return length
 
+    def priced_depths(self, proposed: list[tuple[list[int], str]]) -> list[int]:
+        """How many tokens of each ``(candidate, source)`` to feed, priced on ``step_costs``
+        as this request's passes have measured them since (``StepClock``).
+
+        Candidates are taken in order, each token while the step's expected committed tokens
+        (1 + the rates of the tokens in so far) grow faster than its cost:
+        ``(e + q) / cost(t + 1) > e / cost(t)`` for a token at rate ``q`` that would make the
+        step ``t + 1`` tokens long. A prefix already in (the trie shares it) comes free.
+        """
+        expected, tokens, depths = 1.0, 1, []
+        fed: set[tuple[int, ...]] = set()
+        for candidate, source in proposed:
+            rates = self._rates.get(source, ())
+            depth = 0
+            while depth < len(candidate):
+                prefix = tuple(candidate[: depth + 1])
+                if prefix not in fed:
+                    rate = rates[depth][0] if depth < len(rates) else self.prior
+                    if (expected + rate) * self.clock.cost(tokens) <= (
+                            expected * self.clock.cost(tokens + 1)):
+                        break
+                    expected, tokens = expected + rate, tokens + 1
+                    fed.add(prefix)
+                depth += 1
+            depths.append(depth)
+        return depths
+
     def record(self, proposed: list[tuple[list[int], str]], fed: int,
                committed: list[int]) -> None:
         """One step: its full candidates with their sources, the tokens it fed besides x0 and
-        what it committed."""
+        what it committed.
+
+        Priced on ``step_costs``, a token counts as a hit only where no candidate before it
+        reached as deep: the rates then add up to the tokens the step commits (the longest
+        reach), so a second candidate that mostly agrees with the first earns little."""
+        before = 0  # how deep the candidates so far reached
         for candidate, source in proposed:
             rates = self._rates.setdefault(source, [])
             reach = _common_prefix(candidate, committed)
@@ -184,11 +225,14 @@ class DepthGauge:
             # the text does not tell yet.
             known = len(candidate) if reach < len(committed) else reach
             while len(rates) < known:
-                rates.append([1.0, 1])
+                rates.append([self.prior, 1])
+            first = before if self.step_costs is not None else 0
             for d in range(known):
                 entry = rates[d]
                 entry[1] += 1
-                entry[0] += max(self.smoothing, 1.0 / entry[1]) * (float(d < reach) - entry[0])
+                hit = float(first <= d < reach)
+                entry[0] += max(self.smoothing, 1.0 / entry[1]) * (hit - entry[0])
+            before = max(before, reach)
         self.committed += self.smoothing * (len(committed) - self.committed)
         self.fed += self.smoothing * (fed - self.fed)
 
@@ -227,7 +271,7 @@ class LookaheadProposer:
         self._fed = 0  # tokens this step fed besides x0
         self._judged = False
         self.gauge = self._new_gauge()
-        self.depths = DepthGauge(config.token_cost)
+        self.depths = self._new_depths()
         self._visibility: dict[int, torch.Tensor] = {}
 
     def start(self, prompt: list[int]) -> None:
@@ -238,7 +282,7 @@ class LookaheadProposer:
         self._pooled = len(prompt)
         self.copy_length.reset()
         self.gauge = self._new_gauge()
-        self.depths = DepthGauge(cfg.token_cost)
+        self.depths = self._new_depths()
         # The first level is seeded with prompt tokens; the rest fill in over N - 2 steps.
         self.levels = [[self._random.choice(prompt) for _ in range(cfg.window)]]
 
@@ -246,6 +290,9 @@ class LookaheadProposer:
         # The levels fill in N - 2 steps; then N steps try the window's first n-grams.
         cfg = self.config
         return WindowGauge(cfg.token_cost, cfg.window_probe, warm_up=2 * cfg.levels)
+
+    def _new_depths(self) -> DepthGauge:
+        return DepthGauge(self.config.token_cost, step_costs=self.config.step_costs)
 
     def propose(self, context: list[int], max_tokens: int) -> Proposal:
         self._copied, self._proposed = [], []
@@ -261,7 +308,7 @@ class LookaheadProposer:
         if copied:
             proposed.insert(0, (copied, source))
         self._proposed = proposed
-        fed = [self._cut(tokens, source) for tokens, source in proposed]
+        fed = self._cut(proposed)
         self._copied = fed[0] if copied else []
         candidates = [tokens for tokens in fed if tokens]
         self._fed = sum(map(len, candidates))
@@ -271,25 +318,46 @@ class LookaheadProposer:
             self._fed += len(branch.tokens)
         return Proposal(candidates, branch=branch)
 
-    def _cut(self, tokens: list[int], source: str) -> list[int]:
-        """``tokens`` up to the depth that pays for ``source`` (all with trim_candidates off)."""
+    def _cut(self, proposed: list[tuple[list[int], str]]) -> list[list[int]]:
+        """Each ``(tokens, source)`` cut to the depth that pays for it (whole with
+        trim_candidates off): priced on the step costs where given, else per source on the
+        token cost."""
         if not self.config.trim_candidates:
-            return tokens
-        return tokens[: self.depths.depth(source, len(tokens))]
+            return [tokens for tokens, _ in proposed]
+        if self.config.step_costs is not None:
+            depths = self.depths.priced_depths(proposed)
+        else:
+            depths = [self.depths.depth(source, len(tokens)) for tokens, source in proposed]
+        return [tokens[:depth] for (tokens, _), depth in zip(proposed, depths)]
 
     def _copy(self, context: list[int], length: int) -> tuple[list[int], str]:
-        """Up to ``length`` tokens that followed the text's last n-gram earlier, else in
-        the memory, else in the datastore, with where they come from ("text", "memory",
-        "datastore"); ([], "") when lookup is off or nothing matches."""
-        if self.config.lookup_ngram < 2:
+        """Up to ``length`` tokens that followed the text's last tokens earlier, where at least
+        two matched, else in the memory, else in the datastore, with where they come from
+        ("text", "memory", "datastore"); ([], "") when lookup is off or nothing matches.
+
+        Unpriced, the text's match is the first earlier occurrence of its last n-gram (n =
+        ``lookup_ngram`` down to 2, ``find_continuation``). Priced on step costs, it is the
+        latest of the longest (``longest_match``), and where no two tokens match, the copy
+        after the last token alone ("text1") is tried too: the costs keep it short where it
+        is rarely right.
+        """
+        cfg = self.config
+        if cfg.lookup_ngram < 2:
             return [], ""
-        match = find_continuation(context, self.config.lookup_ngram, 2, length)
+        matched = 0
+        if cfg.step_costs is None:
+            match = find_continuation(context, cfg.lookup_ngram, 2, length)
+        else:
+            match, matched = longest_match(context, cfg.lookup_ngram, length)
+            match = match if matched >= 2 else []
         if match:
             return match, "text"
         for source, store in (("memory", self.memory), ("datastore", self.datastore)):
-            match = store.find(context, length) if store is not None else []
-            if match:
-                return match, source
+            found = store.find(context, length) if store is not None else []
+            if found:
+                return found, source
+        if matched == 1:
+            return longest_match(context, 1, length)[0], "text1"
         return [], ""
 
     def update(self, context: list[int], outcome: StepOutcome) -> None:
@@ -304,6 +372,8 @@ class LookaheadProposer:
                               [source != "window" for _, source in self._proposed],
                               outcome.committed)
             self.depths.record(self._proposed, self._fed, outcome.committed)
+        if self.depths.clock is not None and outcome.seconds is not None:
+            self.depths.clock.record(outcome.forward_tokens, outcome.seconds)
 
     def _slide(self, guesses: list[int]) -> None:
         """Harvest the window's n-grams and make ``guesses`` (top level's outputs) its new top."""

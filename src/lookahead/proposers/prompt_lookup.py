@@ -41,6 +41,37 @@ def find_continuation(
     return []
 
 
+def longest_match(tokens: Sequence[int], max_context: int, length: int
+                  ) -> tuple[list[int], int]:
+    """Up to ``length`` tokens that followed an earlier occurrence of the last token, and how
+    many tokens of context matched there (0 when the last token has not occurred before).
+
+    Of the earlier occurrences, the one whose preceding tokens match those before the last
+    token longest wins (up to ``max_context`` tokens in all, the last token included), the
+    latest on a tie: a longer match predicts better, and a later one is closer in topic.
+
+    Example: tokens ``[5, 1, 2, 7, 1, 2, 8, 2]``, max_context=3, length=2: the last token 2
+    occurred at indices 2 and 5, each after a 1, which the text's last-but-one token (8) is
+    not; a tie at 1 token, so the latest: ``([8, 2], 1)``.
+    """
+    arr = np.asarray(tokens, dtype=np.int64)
+    last = len(arr) - 1
+    if last < 1 or max_context < 1:
+        return [], 0
+    hits = np.flatnonzero(arr[:-1] == arr[-1])  # every match has a token after it
+    if hits.size == 0:
+        return [], 0
+    matched = 1
+    while matched < min(max_context, last):
+        before = hits - matched
+        longer = hits[(before >= 0) & (arr[np.maximum(before, 0)] == arr[last - matched])]
+        if longer.size == 0:
+            break
+        hits, matched = longer, matched + 1
+    start = int(hits[-1]) + 1
+    return arr[start : start + length].tolist(), matched
+
+
 class CopyLength:
     """How many tokens the next copied continuation may have: ``first``, doubled after each copy
     the step accepts whole (a passage being repeated tends to go on) up to ``most``, and back

@@ -463,6 +463,14 @@ def time_step(args) -> None:
         else:
             print(f"  {phase:58s} median {statistics.median(values):8.0f} µs  "
                   f"mean {statistics.fmean(values):8.0f} µs")
+    by_size: dict[int, list[float]] = defaultdict(list)  # the forward pass by its tokens
+    for size, micros in zip(samples["(forward tokens T)"], samples["forward"]):
+        by_size[size].append(micros)
+    one = statistics.median(by_size[1]) if by_size.get(1) else None
+    for size in sorted(by_size):
+        ratio = f"  {statistics.median(by_size[size]) / one:5.2f}x T=1" if one else ""
+        print(f"  {f'forward of T={size} ({len(by_size[size])} steps)':58s} median "
+              f"{statistics.median(by_size[size]):8.0f} µs{ratio}")
     for name, micros in forward_variants(model, input_ids, args.shape).items():
         print(f"  {name:58s} median {micros:8.0f} µs")
     if args.pyinstrument:

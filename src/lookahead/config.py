@@ -77,10 +77,10 @@ class LookaheadConfig:
     prompt_pool: seed the n-gram pool with the prompt's own n-grams.
     output_pool: also add the n-grams of the accepted output as it grows.
     lookup_ngram: besides the pool's n-grams keyed by the last token alone, also verify the
-        tokens that followed an earlier occurrence of the text's last token: of those, the
-        one whose preceding tokens match the text's longest (up to ``lookup_ngram`` tokens
-        in all), the latest of them on a tie; 0 turns this off. A longer match predicts
-        better than one token of context.
+        tokens that followed an earlier occurrence of the text's last ``lookup_ngram`` (down
+        to 2) tokens: the first such occurrence, or, priced on ``step_costs``, the latest of
+        those that match longest, and there also a match of the last token alone; below 2
+        turns this off. A longer match predicts better than one token of context.
     lookup_tokens: how many tokens that continuation may have (a repeated passage can be
         accepted whole, so it may be longer than the pool's N - 1).
     lookup_max_tokens: while copies are accepted whole, each next copy is twice as long, up to
@@ -100,9 +100,10 @@ class LookaheadConfig:
         first is 1.0), as ``lookahead tune`` measured on this machine (a tuned profile
         supplies it); past the last, each token costs what the last one did. Where given,
         candidates are cut on it instead of ``token_cost``: a token goes in while the
-        tokens the step is expected to commit grow faster than its cost. On a CPU the
-        cost grows faster past a few tokens (the linear layers become bound by arithmetic),
-        which a single ``token_cost`` does not capture. None: ``token_cost``.
+        tokens the step is expected to commit grow faster than its cost. Each request then
+        moves the costs to what its own passes measure (``proposers.step_clock``). On a CPU
+        the cost grows faster past a few tokens (the linear layers become bound by
+        arithmetic), which a single ``token_cost`` does not capture. None: ``token_cost``.
     """
 
     # The default is small: on a 2-core CPU (bf16) a step of ~16 tokens costs ~1.2x a

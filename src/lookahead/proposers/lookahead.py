@@ -344,21 +344,20 @@ class LookaheadProposer:
         cfg = self.config
         if cfg.lookup_ngram < 2:
             return [], ""
-        matched = 0
+        last_token_only: list[int] = []  # the copy where only the last token matched
         if cfg.step_costs is None:
             match = find_continuation(context, cfg.lookup_ngram, 2, length)
         else:
             match, matched = longest_match(context, cfg.lookup_ngram, length)
-            match = match if matched >= 2 else []
+            if matched < 2:
+                match, last_token_only = [], match
         if match:
             return match, "text"
         for source, store in (("memory", self.memory), ("datastore", self.datastore)):
             found = store.find(context, length) if store is not None else []
             if found:
                 return found, source
-        if matched == 1:
-            return longest_match(context, 1, length)[0], "text1"
-        return [], ""
+        return (last_token_only, "text1") if last_token_only else ([], "")
 
     def update(self, context: list[int], outcome: StepOutcome) -> None:
         if outcome.branch_logits is not None:  # None when a busy server left the window out

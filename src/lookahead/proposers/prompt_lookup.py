@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
-from numpy.lib.stride_tricks import sliding_window_view
 
 from lookahead.config import PromptLookupConfig
 from lookahead.sources.datastore import Datastore
@@ -28,17 +27,11 @@ def find_continuation(
     occurred at index 1, followed by ``4, 9`` -> ``[4, 9]``.
     """
     arr = np.asarray(tokens, dtype=np.int64)
-    for n in range(max_ngram, min_ngram - 1, -1):
-        if len(arr) <= n:
-            continue
-        # Windows start at 0 .. len - n - 1, so the suffix never matches itself and every
-        # match has at least one token after it.
-        windows = sliding_window_view(arr[:-1], n)
-        hits = np.flatnonzero((windows == arr[-n:]).all(axis=1))
-        if hits.size:
-            start = int(hits[0]) + n
-            return arr[start : start + length].tolist()
-    return []
+    ends, matched = _earlier_matches(arr, max_ngram)
+    if matched < max(min_ngram, 1):
+        return []
+    start = int(ends[0]) + 1
+    return arr[start : start + length].tolist()
 
 
 def longest_match(tokens: Sequence[int], max_context: int, length: int
@@ -55,21 +48,35 @@ def longest_match(tokens: Sequence[int], max_context: int, length: int
     not; a tie at 1 token, so the latest: ``([8, 2], 1)``.
     """
     arr = np.asarray(tokens, dtype=np.int64)
+    ends, matched = _earlier_matches(arr, max_context)
+    if matched == 0:
+        return [], 0
+    start = int(ends[-1]) + 1
+    return arr[start : start + length].tolist(), matched
+
+
+def _earlier_matches(arr: np.ndarray, max_context: int) -> tuple[np.ndarray, int]:
+    """Where the text's longest suffix that occurred earlier ends there (indices, increasing),
+    and its length (at most ``max_context``); every such end has a token after it and the
+    suffix never matches itself. (empty, 0) when the last token never occurred before.
+
+    The last token's occurrences are found once and then kept while one more token before
+    each matches too: a step's cost grows with the occurrences, not with the text times n.
+    """
     last = len(arr) - 1
     if last < 1 or max_context < 1:
-        return [], 0
-    hits = np.flatnonzero(arr[:-1] == arr[-1])  # every match has a token after it
-    if hits.size == 0:
-        return [], 0
+        return arr[:0], 0
+    ends = np.flatnonzero(arr[:-1] == arr[-1])
+    if ends.size == 0:
+        return ends, 0
     matched = 1
     while matched < min(max_context, last):
-        before = hits - matched
-        longer = hits[(before >= 0) & (arr[np.maximum(before, 0)] == arr[last - matched])]
+        before = ends - matched
+        longer = ends[(before >= 0) & (arr[np.maximum(before, 0)] == arr[last - matched])]
         if longer.size == 0:
             break
-        hits, matched = longer, matched + 1
-    start = int(hits[-1]) + 1
-    return arr[start : start + length].tolist(), matched
+        ends, matched = longer, matched + 1
+    return ends, matched
 
 
 class CopyLength:

@@ -42,7 +42,7 @@ from lookahead.attention import TokenTree
 from lookahead.decode import fit_budget
 from lookahead.cli.bench_args import quiet_loading
 from lookahead.bench.cost_curve import cost_at
-from lookahead.profiles import load_profile, shape_label, shape_of, step_costs_of
+from lookahead.profiles import load_profile, shape_label, tuned_shape
 from lookahead.sources.datastore import Datastore, load_datastore
 from lookahead.config import LookaheadConfig, PromptLookupConfig
 from lookahead.bench.datasets import encode_prompt, load_prompts
@@ -224,9 +224,7 @@ def main(argv: list[str] | None = None) -> int:
     packed = "quantized" if quantized else "packed" in config.get("setting", "")
     profile = load_profile(config["model"], dtype, workload=args.workload, packed=packed)
     curve = profile["curve"] if profile else None
-    tuned = shape_of(profile["best"]) if profile else None
-    if tuned is not None and tuned.get("token_cost") is not None:
-        tuned["step_costs"] = step_costs_of(curve)
+    tuned = tuned_shape(profile) if profile else None
     cap = args.max_step_tokens or (tuned or {}).get("max_step_tokens")
     print(f"{config['model']}: {len(texts)} outputs of {args.baseline!r}, "
           f"{sum(len(o) for _, o in texts)} tokens; cost curve: "

@@ -15,6 +15,7 @@ true, false or null there, and are read the same (:func:`recorded_kernel`).
 
 from __future__ import annotations
 
+import bisect
 import json
 import logging
 import re
@@ -205,31 +206,44 @@ def find_shape(model_name: str, dtype, cache_dir=None, device: str = "cpu",
         logger.info("no tuning profile for %s (%s); using the default shape", model_name, dtype)
         return default_shape(device), DEFAULT_SOURCE
     profile, path = found
+    return tuned_shape(profile), str(path)
+
+
+def tuned_shape(profile: Mapping) -> dict[str, float]:
+    """A profile's best shape as ``lookahead.generate`` keywords (``shape_of``), with the
+    ``step_costs`` of its curve where the shape has a tuned token cost."""
     shape = shape_of(profile["best"])
     costs = step_costs_of(profile.get("curve"))
     if costs is not None and shape.get("token_cost") is not None:  # priced as tuned
         shape["step_costs"] = costs
-    return shape, str(path)
+    return shape
 
 
 def step_costs_of(curve: Mapping | None, up_to: int = 16) -> tuple[float, ...] | None:
     """What steps of 1, 2, ... tokens cost relative to one (``LookaheadConfig.step_costs``),
-    read off a measured forward-cost curve (``{"tokens": [1, 2, 4, ...], "seconds": [...]}``):
-    linear between its sizes, up to its largest (at most ``up_to``), never decreasing; None
-    where the curve does not start at one token or has fewer than two sizes."""
+    read off a measured forward-cost curve (``{"tokens": [1, 2, 4, ...], "seconds": [...]}``,
+    ``cost_at``) up to its largest size (at most ``up_to``), never decreasing; None where the
+    curve does not start at one token or has fewer than two sizes."""
     if not curve or len(curve.get("tokens", ())) < 2 or curve["tokens"][0] != 1:
         return None
-    sizes, seconds = curve["tokens"], curve["seconds"]
-    if seconds[0] <= 0:
+    one = curve["seconds"][0]
+    if one <= 0:
         return None
-    costs, i = [], 0
-    for k in range(1, min(sizes[-1], up_to) + 1):
-        while sizes[i + 1] < k:
-            i += 1
-        k0, k1, s0, s1 = sizes[i], sizes[i + 1], seconds[i], seconds[i + 1]
-        cost = max(s0 + (s1 - s0) * (k - k0) / (k1 - k0), seconds[0]) / seconds[0]
-        costs.append(round(max(cost, costs[-1] if costs else 1.0), 4))
+    costs = [1.0]
+    for k in range(2, min(curve["tokens"][-1], up_to) + 1):
+        costs.append(round(max(cost_at(curve, k) / one, costs[-1]), 4))
     return tuple(costs)
+
+
+def cost_at(curve: Mapping, k: float) -> float:
+    """Seconds of a forward with ``k`` new tokens: linear between measured sizes, extended
+    along the first or last segment outside them."""
+    ks, seconds = curve["tokens"], curve["seconds"]
+    if len(ks) == 1:
+        return seconds[0] * max(k, 1) / ks[0] if k > ks[0] else seconds[0]
+    i = min(max(bisect.bisect_left(ks, k), 1), len(ks) - 1)
+    k0, k1, s0, s1 = ks[i - 1], ks[i], seconds[i - 1], seconds[i]
+    return max(s0 + (s1 - s0) * (k - k0) / (k1 - k0), 0.0)
 
 
 def default_shape(device: str) -> dict[str, float]:

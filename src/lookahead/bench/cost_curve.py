@@ -9,7 +9,6 @@ measures the curve and ranks shapes by it (``bench.shape_search``).
 
 from __future__ import annotations
 
-import bisect
 import logging
 import statistics
 import time
@@ -20,9 +19,7 @@ import torch
 
 from lookahead.attention import attention_mask, decoding_attention, mask_to
 from lookahead.cache import cache_keyword, new_cache
-from lookahead.profiles import (
-    DEFAULT_TOKEN_COST,
-)
+from lookahead.profiles import DEFAULT_TOKEN_COST, cost_at
 
 logger = logging.getLogger(__name__)
 
@@ -115,17 +112,6 @@ def monotone(values: list[float]) -> list[float]:
             count = count_a + count_b
             blocks.append([(mean_a * count_a + mean_b * count_b) / count, count])
     return [mean for mean, count in blocks for _ in range(count)]
-
-
-def cost_at(curve: Mapping, k: float) -> float:
-    """Seconds of a forward with ``k`` new tokens: linear between measured sizes, extended
-    along the first or last segment outside them."""
-    ks, seconds = curve["tokens"], curve["seconds"]
-    if len(ks) == 1:
-        return seconds[0] * max(k, 1) / ks[0] if k > ks[0] else seconds[0]
-    i = min(max(bisect.bisect_left(ks, k), 1), len(ks) - 1)
-    k0, k1, s0, s1 = ks[i - 1], ks[i], seconds[i - 1], seconds[i]
-    return max(s0 + (s1 - s0) * (k - k0) / (k1 - k0), 0.0)
 
 
 def token_cost_of(curve: Mapping, up_to: int = 32) -> float:

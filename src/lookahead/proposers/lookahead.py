@@ -161,8 +161,7 @@ class DepthGauge:
                  step_costs: tuple[float, ...] | None = None) -> None:
         self.token_cost = token_cost
         self.smoothing = smoothing
-        self.step_costs = step_costs
-        # the costs as this request's passes measure them, from the tuned ones
+        # the costs as this request's passes measure them, from the tuned ones (None: unpriced)
         self.clock = None if step_costs is None else StepClock(step_costs, token_cost)
         # A depth not yet seen counts as one hit (every depth is tried at first); priced on
         # the step costs, as an even chance: replayed on HumanEval outputs, one hit fed too
@@ -226,7 +225,7 @@ class DepthGauge:
             known = len(candidate) if reach < len(committed) else reach
             while len(rates) < known:
                 rates.append([self.prior, 1])
-            first = before if self.step_costs is not None else 0
+            first = before if self.clock is not None else 0
             for d in range(known):
                 entry = rates[d]
                 entry[1] += 1

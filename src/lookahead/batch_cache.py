@@ -35,6 +35,7 @@ import torch
 from transformers import Cache
 
 from lookahead.attention import StepLayout, batched_attention_mask, mask_to
+from lookahead.cache import cache_keyword, decoding_pass
 
 
 @dataclass(frozen=True)
@@ -63,6 +64,7 @@ class BatchedCache:
 
     def __init__(self) -> None:
         self.cache: Cache | None = None
+        self.keyword: str | None = None  # the model's name for its cache argument
         self.valid = torch.zeros(0, 0, dtype=torch.bool)  # [B, S]
         self.positions = torch.zeros(0, 0, dtype=torch.long)  # [B, S]
 
@@ -126,6 +128,24 @@ class BatchedCache:
         self.cache = None
         self.valid = torch.zeros(0, 0, dtype=torch.bool)
         self.positions = torch.zeros(0, 0, dtype=torch.long)
+
+    def run_step(self, model, layouts: list[StepLayout]) -> tuple[StepBatch, list[torch.Tensor]]:
+        """One forward pass of ``model`` for every row's step: the rows' step inputs padded
+        into one batch (``prepare_step``), the pass through the cache, the columns it appended
+        recorded (``extend``), and the logits split back per row (``split_logits``).
+
+        layouts[b]: row b's step input. Returns the batch and each row's logits [R_b, V] in
+        its layout's order. The caller verifies each row, then calls ``keep(batch.width,
+        kept)``; removing finished rows and compacting are the caller's policy.
+        """
+        if self.keyword is None:
+            self.keyword = cache_keyword(model)
+        batch = self.prepare_step(model.config, layouts, model.dtype)
+        out = decoding_pass(model, self.keyword, self.cache, input_ids=batch.input_ids,
+                            position_ids=batch.position_ids, attention_mask=batch.mask,
+                            logits_to_keep=batch.logit_rows)
+        self.extend(batch.position_ids)
+        return batch, self.split_logits(batch, out.logits)
 
     def prepare_step(self, config, layouts: list[StepLayout], dtype: torch.dtype) -> StepBatch:
         """Pad every request's step input to the longest and build the batched 4D mask.

@@ -36,7 +36,6 @@ from collections.abc import Sequence
 
 import torch
 
-from lookahead.cache import cache_keyword, decoding_pass
 from lookahead.decode import Decoder, StepPlan, longrope_switch
 from lookahead.batch_cache import BatchedCache
 from lookahead.server.budget import BudgetPolicy
@@ -100,7 +99,6 @@ class Engine:
                  metrics: ServerMetrics | None = None, model_name: str | None = None) -> None:
         self.model = model
         self.tokenizer = tokenizer
-        self._cache_keyword = cache_keyword(model)  # "cache" or "past_key_values"
         self.config = config or EngineConfig()
         self.metrics = metrics or ServerMetrics(
             model_name if model_name is not None else getattr(model, "name_or_path", ""),
@@ -335,25 +333,12 @@ class Engine:
         plans = self._plan(budget)
         if not plans:
             return
-        batch = self._cache.prepare_step(self.model.config, [p.layout for p in plans],
-                                         self.model.dtype)
-        out = decoding_pass(
-            self.model,
-            self._cache_keyword,
-            self._cache.cache,
-            input_ids=batch.input_ids,
-            position_ids=batch.position_ids,
-            attention_mask=batch.mask,
-            logits_to_keep=batch.logit_rows,
-        )
-        self._cache.extend(batch.position_ids)
+        batch, row_logits = self._cache.run_step(self.model, [p.layout for p in plans])
         self.metrics.forward_tokens.observe(batch.input_ids.numel())
         self.metrics.batch_size.observe(len(plans))
         self.metrics.step_budget.observe(budget)
         done, committed, kept = [], [], []
-        for row, (request, plan, logits) in enumerate(
-            zip(self._running, plans, self._cache.split_logits(batch, out.logits))
-        ):
+        for row, (request, plan, logits) in enumerate(zip(self._running, plans, row_logits)):
             finished, count, keep = self._finish_step(request, plan, logits)
             committed.append(count)
             kept.append(keep)

@@ -52,7 +52,7 @@ import torch
 from matplotlib.figure import Figure
 
 import lookahead
-from lookahead.api import make_decoder
+from lookahead.request import make_decoder
 from lookahead.attention import attention_mask
 from lookahead.bench.cost_curve import forward_cost_curve
 from lookahead.bench.datasets import encode_prompt, load_prompts

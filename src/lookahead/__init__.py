@@ -21,8 +21,8 @@ except PackageNotFoundError:  # imported from a source tree that was never insta
 _EXPORTS = {
     "GenerationResult": "lookahead.api",
     "Stream": "lookahead.api",
-    "generate": "lookahead.hf_generate",
-    "custom_generate": "lookahead.hf_generate",
+    "generate": "lookahead.api",
+    "custom_generate": "lookahead.api",
     "stream": "lookahead.api",
     "METHODS": "lookahead.config",
     "DraftConfig": "lookahead.config",

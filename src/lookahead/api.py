@@ -1,39 +1,47 @@
-"""The public entry points: ``generate`` and ``stream``."""
+"""The public entry points: ``generate``, ``custom_generate`` and ``stream``.
+
+    inputs = tokenizer(["def fib(n):", "The cache"], return_tensors="pt", padding=True)
+    result = lookahead.generate(model, **inputs, max_new_tokens=64, method="lookahead")
+    result.sequences  # [2, W + T], padded as model.generate pads them
+
+    # Or leave the call as it is and let model.generate hand the decoding to lookahead:
+    out = model.generate(**inputs, max_new_tokens=64, custom_generate=lookahead.custom_generate)
+
+``generate`` takes what ``model.generate`` takes. Settings come from ``generation_config``, else
+the model's own ``generation_config``, then transformers' defaults, merged by transformers
+itself (``lookahead.hf_settings``); its logits processors (repetition penalty, n-gram bans,
+min_new_tokens, warpers, custom ``logits_processor``) are applied at every verified position
+and its stopping criteria (EOS, max_length, stop_strings, max_time, custom
+``stopping_criteria``) after every token (see ``lookahead.controls``). What cannot be honoured
+(beam search, contrastive search, scores and attentions in the output, ...) is refused by
+name. Caching settings (``use_cache``, ``cache_implementation``) do not change the tokens and
+are left to our own cache. One request's ``Decoder`` is built by ``lookahead.request``.
+"""
 
 from __future__ import annotations
 
+import inspect
 import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
+from transformers import GenerationConfig
+from transformers.generation import logits_process as lp
+from transformers.generation.stopping_criteria import StoppingCriteriaList
+from transformers.generation.utils import GenerateDecoderOnlyOutput
 
-from lookahead.config import (
-    METHOD_OPTIONS,
-    METHODS,
-    SAMPLING_OPTIONS,
-    DraftConfig,
-    LookaheadConfig,
-    PromptLookupConfig,
-    SamplingConfig,
-    check_int,
-    check_step_tokens,
-)
-from lookahead.sources.datastore import Datastore
+from lookahead.batch import decode_batch, left_padding, merge_stats, plan_rows
+from lookahead.config import SamplingConfig, check_int, method_spec
 from lookahead.decode import Decoder
-from lookahead.sources.memory import TextMemory
-from lookahead.kernels.packing import packing_of
-from lookahead.profiles import find_shape
-from lookahead.proposers.base import NoProposer, Proposer
-from lookahead.proposers.draft import DraftProposer
-from lookahead.proposers.lookahead import LookaheadProposer
-from lookahead.proposers.prompt_lookup import PromptLookupProposer
+from lookahead.hf_settings import (SAMPLING_FIELDS, check_mode, our_options, prepare_config,
+                                   split_warpers)
+from lookahead.request import check_input_ids, make_decoder
 from lookahead.stats import GenerationStats
 
 logger = logging.getLogger(__name__)
 
-# ``GenerationStats.shape_source`` of a lookahead call that gave its window.
-GIVEN_SOURCE = "given"
+_UNSET = object()
 
 @dataclass(frozen=True)
 class GenerationResult:
@@ -73,176 +81,120 @@ def stream(model, input_ids, max_new_tokens: int = 256, method: str = "lookahead
     return Stream(make_decoder(model, input_ids, max_new_tokens, method, **options))
 
 
-def make_decoder(model, input_ids, max_new_tokens, method, *, controls=None,
-                 **options) -> Decoder:
-    """Validate every argument and build the per-request ``Decoder`` (``controls``: logits
-    processors and stopping criteria, see ``lookahead.controls``)."""
-    _check_inputs(model, input_ids, max_new_tokens)
-    if method not in METHODS:
-        raise ValueError(f"method must be one of {', '.join(METHODS)}; got {method!r}")
-    eos = options.pop("eos_token_id", None)
-    sampling = SamplingConfig(**_pop(options, SAMPLING_OPTIONS))
-    unknown = set(options) - set(METHOD_OPTIONS[method])
-    if unknown:
-        raise TypeError(
-            f"unknown option(s) {sorted(unknown)} for method {method!r}; "
-            f"it takes {list(METHOD_OPTIONS[method]) or 'none'}"
-        )
-    generator = None
-    if sampling.do_sample:
-        generator = torch.Generator(device=model.device)  # draws where the logits are
-        if sampling.seed is None:
-            generator.seed()
-        else:
-            generator.manual_seed(sampling.seed)
-    shape_source = None
-    if method == "lookahead":
-        options, shape_source = auto_shape(model, options)
-    memory = _check_memory(options.pop("memory", None))
-    step_tokens = check_step_tokens(options.pop("max_step_tokens", None))
-    datastore = _check_datastore(options.pop("datastore", None))
-    proposer = make_proposer(model, method, options, sampling, generator, memory, datastore)
-    decoder = Decoder(
-        model,
-        input_ids,
-        proposer,
-        max_new_tokens=max_new_tokens,
-        sampling=sampling,
-        eos_token_ids=eos_token_ids(model, eos),
-        generator=generator,
-        method=method,
-        memory=memory,
-        step_tokens=step_tokens,
-        controls=controls,
-    )
-    decoder.stats.shape_source = shape_source
-    return decoder
+def generate(model, input_ids=None, max_new_tokens=_UNSET, method: str = "lookahead", *,
+             attention_mask=None, generation_config: GenerationConfig | None = None,
+             streamer=None, stop_strings=None, tokenizer=None, logits_processor=None,
+             stopping_criteria=None, prefix_allowed_tokens_fn=None,
+             batched: bool | None = None, **kwargs):
+    """Decode ``input_ids`` (LongTensor [B, W]) with ``method``; returns a ``GenerationResult``.
 
+    Takes what ``model.generate`` takes -- ``**tokenizer(texts, return_tensors="pt")``
+    (``attention_mask``: left padding for a batch), ``generation_config``, its fields as
+    keywords (``do_sample``, ``temperature``, ``top_k``, ``top_p``, ``repetition_penalty``,
+    ``no_repeat_ngram_size``, ``min_new_tokens``, ``eos_token_id``, ``pad_token_id``,
+    ``max_length``, ...), ``streamer`` (batch of one), ``stop_strings`` with ``tokenizer``,
+    ``logits_processor``, ``stopping_criteria``, ``prefix_allowed_tokens_fn`` -- with the
+    same meaning and defaults (the model's ``generation_config``), and the output is
+    ``model.generate``'s: greedy decoding gives its tokens exactly. Beside them: ``method``
+    and its options (``docs/methods.md``; checked by ``lookahead.request.make_decoder``), ``seed`` for sampling. Without any
+    ``max_new_tokens``/``max_length`` setting 256 tokens are written.
 
-def resolve_auto_shape(model, options: dict) -> dict:
-    """``auto_shape``'s options alone."""
-    return auto_shape(model, options)[0]
-
-
-def auto_shape(model, options: dict) -> tuple[dict, str]:
-    """Lookahead ``options`` with no ``window``, or ``window="auto"``, given this machine's
-    tuned shape, and where the shape came from.
-
-    The shape comes from the profile ``lookahead tune`` saved for the model (by its
-    ``name_or_path``: a bundled name, a folder or a hub id), dtype and device -- the profile of
-    ``options["workload"]`` if that is given and saved -- else the default shape; ``ngram``,
-    ``guess`` and ``max_step_tokens`` given beside it are kept (a profile's shape can bring a
-    step cap of its own, which one given here replaces). An explicit int ``window`` keeps the
-    shape as given. The source is the profile's path, ``profiles.DEFAULT_SOURCE`` ("default")
-    or ``GIVEN_SOURCE`` ("given", the caller's window).
+    ``sequences``: [B, W + T], rows that end early padded with ``pad_token_id``;
+    ``new_tokens``: [B, T]; ``stats``: all rows together (``row_stats``: each row's).
+    ``batched``: the rows of a batch share each step's forward pass (True) or run one after
+    another (False); None: together on an accelerator, apart on the CPU. Apart, each row's
+    tokens are exactly those it gets alone; together, a batched pass may round a near-tie
+    differently in low precision, as ``model.generate``'s own batches do.
     """
-    options = dict(options)
-    workload = options.pop("workload", None)
-    # Whoever ran `lookahead tune` gets its shape without asking for it again.
-    options.setdefault("window", "auto")
-    if options.get("window") != "auto":
-        if workload is not None:
-            raise ValueError(f"workload={workload!r} chooses a tuned shape: it needs "
-                             f"window='auto', not window={options.get('window')!r}")
-        return options, GIVEN_SOURCE
-    shape, source = find_shape(model.name_or_path, model.dtype, device=model.device.type,
-                               workload=workload, packed=packing_of(model))
-    logger.info("window='auto': the shape %s for %s from %s", shape, model.name_or_path, source)
-    return {**shape, **{k: v for k, v in options.items() if k != "window"}}, source
+    if isinstance(max_new_tokens, GenerationConfig) and generation_config is None:
+        generation_config, max_new_tokens = max_new_tokens, _UNSET  # model.generate's order
+    if input_ids is None:
+        input_ids = kwargs.pop("inputs", None)
+    method_spec(method)  # an unknown method is refused before anything else
+    check_input_ids(input_ids)
+    ours = our_options()
+    options = {name: kwargs.pop(name) for name in list(kwargs) if name in ours}
+    if "assistant_model" in kwargs:
+        raise ValueError("assistant_model: use method='draft' with draft_model=<the model>")
+    if max_new_tokens is not _UNSET:
+        kwargs["max_new_tokens"] = check_int("max_new_tokens", max_new_tokens, 1, 1 << 30)
+    if stop_strings is not None:
+        kwargs["stop_strings"] = stop_strings
+    # Our messages for bad sampling values come before transformers' own checks.
+    SamplingConfig(**{k: kwargs[k] for k in SAMPLING_FIELDS if k in kwargs},
+                   seed=options.get("seed"))
+    pads = left_padding(input_ids, attention_mask)
+    config = prepare_config(model, generation_config, kwargs, input_ids, attention_mask, method)
+    processors = model._get_logits_processor(
+        generation_config=config, input_ids_seq_length=input_ids.shape[1],
+        encoder_input_ids=input_ids, prefix_allowed_tokens_fn=prefix_allowed_tokens_fn,
+        logits_processor=lp.LogitsProcessorList(logits_processor or []), device=input_ids.device,
+        model_kwargs={"attention_mask": attention_mask} if any(pads) else {},
+    )
+    # max_new_tokens goes in as a setting and comes back out of transformers' criteria as a
+    # MaxLengthCriteria (prompt width + max_new_tokens, or the caller's max_length), which
+    # plan_rows turns back into the per-row count a Decoder stops at: one limit, however the
+    # caller expressed it, and the same one model.generate would apply.
+    criteria = model._get_stopping_criteria(config, StoppingCriteriaList(stopping_criteria or []),
+                                            tokenizer=tokenizer)
+    processors, sampling = split_warpers(processors, config.do_sample)
+    plan = plan_rows(processors, criteria, sampling, config._pad_token_tensor, input_ids.shape[1])
+    sequences, stats = decode_batch(model, input_ids, pads, plan, method, options, streamer,
+                                    batched=batched)
+    return GenerationResult(sequences, merge_stats(stats, input_ids.shape[1]), tuple(stats))
 
 
-def make_proposer(
-    model, method: str, options: dict, sampling, generator, memory: TextMemory | None = None,
-    datastore: Datastore | None = None,
-) -> Proposer:
-    """The proposer object for ``method``, configured from ``options``."""
-    if method == "lookahead":
-        return LookaheadProposer(LookaheadConfig(**options), memory=memory, datastore=datastore)
-    if method == "prompt_lookup":
-        return PromptLookupProposer(PromptLookupConfig(**options), memory=memory,
-                                    datastore=datastore)
-    if method == "draft":
-        draft_model = options.pop("draft_model", None)
-        check_draft_model(model, draft_model)
-        return DraftProposer(draft_model, DraftConfig(**options), sampling, generator)
-    return NoProposer()
+def custom_generate(model, input_ids, logits_processor=None, stopping_criteria=None,
+                    generation_config=None, synced_gpus=False, streamer=None, **model_kwargs):
+    """The decoding method for ``model.generate(..., custom_generate=lookahead.custom_generate)``.
+
+        out = model.generate(**tokenizer(texts, return_tensors="pt", padding=True),
+                             max_new_tokens=64, repetition_penalty=1.1,
+                             custom_generate=lookahead.custom_generate,
+                             method="lookahead", window=3)  # our options ride along
+
+    transformers prepares everything (settings, processors, stopping criteria) and calls this
+    with the prepared input_ids [B, W]; it decodes with ``method`` (default "lookahead") and
+    its options, and returns what ``model.generate`` returns: LongTensor [B, W + T], or a
+    ``GenerateDecoderOnlyOutput`` under ``return_dict_in_generate``. transformers 5.24 keeps
+    ``streamer`` and ``tokenizer`` (so ``stop_strings``) from such a method: stream with
+    ``lookahead.generate(..., streamer=)`` instead.
+    """
+    method = model_kwargs.pop("method", None) or "lookahead"
+    method_spec(method)
+    ours = our_options()
+    options = {k: model_kwargs.pop(k) for k in list(model_kwargs) if k in ours}
+    attention_mask = model_kwargs.pop("attention_mask", None)
+    for name in ("cache", "past_key_values"):
+        cache = model_kwargs.pop(name, None)
+        if cache is not None and cache.get_seq_length() > 0:
+            raise ValueError(f"{name}: lookahead starts from the prompt, not from a filled cache")
+    for name in ("position_ids", "logits_to_keep", "use_cache", "cache_position"):
+        model_kwargs.pop(name, None)  # derived from the mask, or choices about caching
+    if model_kwargs:
+        raise TypeError(f"custom_generate cannot pass {sorted(model_kwargs)} to the model")
+    if synced_gpus:
+        raise ValueError("synced_gpus cannot be honoured: lookahead decodes on one device")
+    generation_config = generation_config or model.generation_config
+    check_mode(generation_config, expanded=True)
+    processors, sampling = split_warpers(logits_processor or [], generation_config.do_sample)
+    pad = getattr(generation_config, "_pad_token_tensor", generation_config.pad_token_id)
+    plan = plan_rows(processors, stopping_criteria or [], sampling, pad, input_ids.shape[1])
+    pads = left_padding(input_ids, attention_mask)
+    sequences, _ = decode_batch(model, input_ids, pads, plan, method, options, streamer,
+                                put_prompt=False)  # model.generate has put the prompt
+    if generation_config.return_dict_in_generate:
+        return GenerateDecoderOnlyOutput(sequences=sequences)
+    return sequences
 
 
-def check_draft_model(model, draft_model) -> None:
-    """The draft must be a model whose vocabulary is the target's."""
-    if not isinstance(draft_model, torch.nn.Module):
-        raise TypeError(f"draft_model must be a loaded model for method 'draft', got {draft_model!r}")
-    ours, theirs = _vocab_size(model), _vocab_size(draft_model)
-    if ours != theirs:
-        raise ValueError(
-            f"draft_model must share the target's vocabulary: its vocab_size is {theirs}, "
-            f"the target's is {ours}"
-        )
+def _custom_generate_signature() -> inspect.Signature:
+    """``custom_generate``'s signature with every option of ours named: ``model.generate``
+    passes a custom method only the extra keywords its signature names."""
+    params = list(inspect.signature(custom_generate).parameters.values())
+    extra = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=None)
+             for name in ("method", *sorted(our_options()))]
+    return inspect.Signature(params[:-1] + extra + params[-1:])
 
 
-def eos_token_ids(model, override=None) -> list[int]:
-    """The ids that end a generation: ``override``, else the model's generation config's."""
-    eos = override
-    if eos is None and getattr(model, "generation_config", None) is not None:
-        eos = model.generation_config.eos_token_id
-    if eos is None:
-        eos = getattr(model.config, "eos_token_id", None)
-    if eos is None:
-        return []
-    return [int(e) for e in ([eos] if isinstance(eos, int) else eos)]
-
-
-def _check_inputs(model, input_ids, max_new_tokens) -> None:
-    if not isinstance(input_ids, torch.Tensor) or input_ids.dtype != torch.long:
-        raise TypeError(f"input_ids must be a LongTensor [1, prompt_len], got {_describe(input_ids)}")
-    if input_ids.dim() != 2:
-        raise ValueError(f"input_ids must have shape [1, prompt_len], got {list(input_ids.shape)}")
-    if input_ids.shape[0] != 1:
-        raise ValueError(
-            f"input_ids must hold one sequence (batch size 1), got batch size {input_ids.shape[0]};"
-            " serve several requests with `lookahead serve`"
-        )
-    if input_ids.shape[1] == 0:
-        raise ValueError("input_ids must not be empty: the prompt needs at least one token")
-    vocab = _vocab_size(model)
-    low, high = int(input_ids.min()), int(input_ids.max())
-    if low < 0 or high >= vocab:
-        raise ValueError(
-            f"input_ids must hold token ids in [0, {vocab}) for this model's vocabulary, "
-            f"got ids from {low} to {high}"
-        )
-    check_int("max_new_tokens", max_new_tokens, 1, 1 << 30)
-    limit = getattr(model.config, "max_position_embeddings", None)
-    if limit is not None and input_ids.shape[1] + max_new_tokens > limit:
-        raise ValueError(
-            f"prompt ({input_ids.shape[1]} tokens) + max_new_tokens ({max_new_tokens}) exceeds "
-            f"the model's context of {limit} tokens"
-        )
-
-
-def _check_memory(memory) -> TextMemory | None:
-    if memory is not None and not isinstance(memory, TextMemory):
-        raise TypeError(f"memory must be a lookahead.TextMemory or None, got {_describe(memory)}")
-    return memory
-
-
-def _check_datastore(datastore) -> Datastore | None:
-    if datastore is not None and not isinstance(datastore, Datastore):
-        raise TypeError(f"datastore must be a lookahead.Datastore or None, got "
-                        f"{_describe(datastore)}")
-    return datastore
-
-
-def _vocab_size(model) -> int:
-    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
-    return int(config.vocab_size)
-
-
-def _pop(options: dict, names: tuple[str, ...]) -> dict:
-    return {name: options.pop(name) for name in names if name in options}
-
-
-def _describe(value) -> str:
-    if isinstance(value, torch.Tensor):
-        return f"a {value.dtype} tensor of shape {list(value.shape)}"
-    return type(value).__name__
+custom_generate.__signature__ = _custom_generate_signature()

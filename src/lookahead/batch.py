@@ -20,11 +20,10 @@ from collections.abc import Sequence
 
 import torch
 
-from lookahead.api import make_decoder
 from lookahead.batch_cache import BatchedCache
-from lookahead.cache import cache_keyword, decoding_pass
 from lookahead.controls import Controls, row_processors, split_criteria
 from lookahead.kernels.invariant_attention import rows_are_independent
+from lookahead.request import describe, make_decoder
 from lookahead.stats import GenerationStats
 
 logger = logging.getLogger(__name__)
@@ -38,7 +37,7 @@ def left_padding(input_ids: torch.Tensor, attention_mask: torch.Tensor | None) -
         return [0] * batch
     if not isinstance(attention_mask, torch.Tensor) or tuple(attention_mask.shape) != (batch, width):
         raise ValueError(f"attention_mask must be a tensor of input_ids' shape {[batch, width]}, "
-                         f"got {_describe(attention_mask)}")
+                         f"got {describe(attention_mask)}")
     mask = attention_mask.detach().to("cpu", torch.long)
     if not ((mask == 0) | (mask == 1)).all():
         raise ValueError("attention_mask must hold only 0 and 1")
@@ -149,17 +148,11 @@ def decode_together(model, decoders: list, compact_waste: float = 0.5) -> None:
             cache.add_row(decoder.cache)
             decoder.cache = None  # the batch owns its entries now
             running.append(decoder)
-    keyword = cache_keyword(model)
     while running:
         plans = [d.plan(len(d.context) - 1) for d in running]  # past: all but x0
-        step = cache.prepare_step(model.config, [p.layout for p in plans], model.dtype)
-        out = decoding_pass(model, keyword, cache.cache, input_ids=step.input_ids,
-                            position_ids=step.position_ids, attention_mask=step.mask,
-                            logits_to_keep=step.logit_rows)
-        cache.extend(step.position_ids)
+        step, row_logits = cache.run_step(model, [p.layout for p in plans])
         kept, done = [], []
-        for row, (decoder, plan, logits) in enumerate(
-                zip(running, plans, cache.split_logits(step, out.logits))):
+        for row, (decoder, plan, logits) in enumerate(zip(running, plans, row_logits)):
             _, keep = decoder.finish(plan, logits)
             kept.append(keep)
             decoder.stats.seconds = time.perf_counter() - start
@@ -222,8 +215,3 @@ def merge_stats(stats: list[GenerationStats], width: int) -> GenerationStats:
     merged.time_to_first_token = stats[0].time_to_first_token
     return merged
 
-
-def _describe(value) -> str:
-    if isinstance(value, torch.Tensor):
-        return f"a tensor of shape {list(value.shape)}"
-    return type(value).__name__

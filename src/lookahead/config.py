@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass, fields
+from collections.abc import Mapping
+from dataclasses import Field, dataclass, field, fields
+from importlib import import_module
 from types import MappingProxyType
 
 # Bounds that catch typos ("window=700") long before they would exhaust memory.
@@ -17,7 +19,6 @@ MAX_NGRAM = 16
 MAX_GUESS = 64
 MAX_DRAFT_TOKENS = 64
 
-METHODS = ("autoregressive", "lookahead", "prompt_lookup", "draft")
 _WORKLOAD = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
 
 
@@ -28,6 +29,41 @@ def check_int(name: str, value: object, low: int, high: int) -> int:
     if not low <= value <= high:
         raise ValueError(f"{name} must be in [{low}, {high}], got {value}")
     return value
+
+
+def check_number(name: str, value: object, low: float, high: float) -> float:
+    """Return ``value`` if it is a number (not a bool) in ``[low, high]``, else raise naming
+    ``name``."""
+    if (isinstance(value, bool) or not isinstance(value, (int, float))
+            or not low <= value <= high):
+        raise ValueError(f"{name} must be a number in [{low:g}, {high:g}], got {value!r}")
+    return value
+
+
+def option(default, low, high, help: str | None = None, metavar: str | None = None) -> Field:
+    """A config field whose value must lie in ``[low, high]`` (ints for int bounds, numbers
+    for float bounds; None passes where it is the default).
+
+    ``help`` and ``metavar``: the field is also a command-line flag (``--name-with-dashes``,
+    built by ``lookahead.cli.options``), whose range, default and text all come from here.
+    """
+    meta = {"range": (low, high)}
+    if help is not None:
+        meta.update(help=help, metavar=metavar or "X")
+    return field(default=default, metadata=MappingProxyType(meta))
+
+
+def check_ranges(config) -> None:
+    """Check every field of the dataclass ``config`` that ``option`` gave a range."""
+    for spec in fields(config):
+        bounds = spec.metadata.get("range")
+        value = getattr(config, spec.name)
+        if bounds is None or (value is None and spec.default is None):
+            continue
+        if isinstance(bounds[0], int):
+            check_int(spec.name, value, *bounds)
+        else:
+            check_number(spec.name, value, *bounds)
 
 
 def check_step_tokens(step_tokens: object) -> int | None:
@@ -110,36 +146,33 @@ class LookaheadConfig:
     # one-token step and one of ~40 tokens ~1.6x, while the wider paper shape W=7 N=5 G=7
     # gained under 0.5 tokens per step over this one on HumanEval with SmolLM2 (`lookahead
     # tune` measures both sides on your machine).
-    window: int = 2
-    ngram: int = 5
-    guess: int = 4
+    window: int = option(2, 1, MAX_WINDOW, "window size W: future positions the Jacobi window "
+                         "guesses at once", "W")
+    ngram: int = option(5, 2, MAX_NGRAM, "n-gram length N", "N")
+    guess: int = option(4, 1, MAX_GUESS, "candidate n-grams verified per step", "G")
     prompt_pool: bool = True
     output_pool: bool = True
     # A longer match predicts better: replayed on HumanEval outputs of Qwen2.5-Coder-1.5B,
     # matching up to 8 tokens committed more per step than up to 3, never fewer.
-    lookup_ngram: int = 8
-    lookup_tokens: int = 8
-    lookup_max_tokens: int = 32
+    lookup_ngram: int = option(8, 0, MAX_NGRAM)
+    lookup_tokens: int = option(8, 1, MAX_DRAFT_TOKENS, "length of the continuation copied "
+                                "from earlier text after the last n-gram", "L")
+    lookup_max_tokens: int = option(32, 0, MAX_DRAFT_TOKENS, "the copy doubles up to this "
+                                    "length while accepted whole (0 keeps it fixed)", "L")
     # SmolLM2-135M bf16 on a 2-core CPU: 16 tokens cost ~1.4x one, 32 ~1.8x. There the
     # window's n-grams added 0.03-0.3 tokens per step for its 8 tokens, which paid on prose
     # with little to copy and not on code that repeats itself (`lookahead tune` measures
     # this machine's price).
-    token_cost: float = 0.025
-    window_probe: int = 16
+    token_cost: float = option(0.025, 0.0, 1.0, "what one more token in a forward pass "
+                               "costs, as a fraction of a one-token pass; the window runs while "
+                               "its n-grams pay for its tokens at that price (0 runs it at every "
+                               "step, as on a GPU)", "C")
+    window_probe: int = option(16, 1, 1 << 20)
     trim_candidates: bool = True
     step_costs: tuple[float, ...] | None = None
 
     def __post_init__(self) -> None:
-        check_int("window", self.window, 1, MAX_WINDOW)
-        check_int("ngram", self.ngram, 2, MAX_NGRAM)
-        check_int("guess", self.guess, 1, MAX_GUESS)
-        check_int("lookup_ngram", self.lookup_ngram, 0, MAX_NGRAM)
-        check_int("lookup_tokens", self.lookup_tokens, 1, MAX_DRAFT_TOKENS)
-        check_int("lookup_max_tokens", self.lookup_max_tokens, 0, MAX_DRAFT_TOKENS)
-        check_int("window_probe", self.window_probe, 1, 1 << 20)
-        if (isinstance(self.token_cost, bool) or not isinstance(self.token_cost, (int, float))
-                or not 0.0 <= self.token_cost <= 1.0):
-            raise ValueError(f"token_cost must be a number in [0, 1], got {self.token_cost!r}")
+        check_ranges(self)
         if not isinstance(self.trim_candidates, bool):
             raise TypeError(f"trim_candidates must be a bool, got {self.trim_candidates!r}")
         if self.step_costs is not None:
@@ -162,15 +195,14 @@ class PromptLookupConfig:
         ``num_draft_tokens`` or less (0) keeps the length fixed, as Hugging Face's does.
     """
 
-    num_draft_tokens: int = 10
-    max_ngram: int = 3
-    min_ngram: int = 1
-    max_draft_tokens: int = 0
+    num_draft_tokens: int = option(10, 1, MAX_DRAFT_TOKENS, "tokens proposed per step", "K")
+    max_ngram: int = option(3, 1, MAX_NGRAM, "longest n-gram matched", "N")
+    min_ngram: int = option(1, 1, MAX_NGRAM)
+    max_draft_tokens: int = option(0, 0, MAX_DRAFT_TOKENS, "the copy doubles up to this length "
+                                   "while accepted whole (0: fixed at --num-draft-tokens)", "K")
 
     def __post_init__(self) -> None:
-        check_int("num_draft_tokens", self.num_draft_tokens, 1, MAX_DRAFT_TOKENS)
-        check_int("max_draft_tokens", self.max_draft_tokens, 0, MAX_DRAFT_TOKENS)
-        check_int("max_ngram", self.max_ngram, 1, MAX_NGRAM)
+        check_ranges(self)
         check_int("min_ngram", self.min_ngram, 1, self.max_ngram)
 
 
@@ -193,17 +225,17 @@ class DraftConfig:
     # ones are accepted least. With Qwen2.5-Coder 0.5B drafting for 1.5B on a 2-core CPU, K=4
     # ran 1.13-1.15x as fast as K=8 on 8 HumanEval prompts, in both orders, and K=3 slower
     # (`lookahead bench --methods hf,draft --draft-tokens K` for each K, Intel Xeon, 2026-11-25).
-    num_draft_tokens: int = 4
-    lookup_tokens: int = 8
-    lookup_ngram: int = 3
-    draft_vocab: int | None = None
+    num_draft_tokens: int = option(4, 1, MAX_DRAFT_TOKENS, "tokens proposed per step", "K")
+    lookup_tokens: int = option(8, 0, MAX_DRAFT_TOKENS, "length of the copy each draft pass "
+                                "also checks (0 turns the copy off)", "L")
+    lookup_ngram: int = option(3, 1, MAX_NGRAM)
+    draft_vocab: int | None = option(None, 0, 1 << 24, "the draft scores only the first S token "
+                                     "ids, the commonest in a BPE vocabulary, and those of the "
+                                     "text; the text stays the same (default: 32768 on a CPU, "
+                                     "all on a GPU; 0: all)", "S")
 
     def __post_init__(self) -> None:
-        check_int("num_draft_tokens", self.num_draft_tokens, 1, MAX_DRAFT_TOKENS)
-        if self.draft_vocab is not None:
-            check_int("draft_vocab", self.draft_vocab, 0, 1 << 24)
-        check_int("lookup_tokens", self.lookup_tokens, 0, MAX_DRAFT_TOKENS)
-        check_int("lookup_ngram", self.lookup_ngram, 1, MAX_NGRAM)
+        check_ranges(self)
 
 
 @dataclass(frozen=True)
@@ -242,14 +274,100 @@ def field_names(config: type) -> tuple[str, ...]:
 # tokens; and what the copying methods take: the texts they copy from.
 STEP_OPTIONS = ("max_step_tokens",)
 COPY_SOURCES = ("memory", "datastore")
-
-# The options each method accepts besides the common arguments (read-only): its config's
-# fields, named once there, and the options that are not config fields.
-METHOD_OPTIONS = MappingProxyType({
-    "autoregressive": (),
-    "lookahead": (*field_names(LookaheadConfig), *COPY_SOURCES, "workload", *STEP_OPTIONS),
-    "prompt_lookup": (*field_names(PromptLookupConfig), *COPY_SOURCES, *STEP_OPTIONS),
-    "draft": ("draft_model", *field_names(DraftConfig), *STEP_OPTIONS),
-})
 # The sampling options every method takes (``SamplingConfig``'s fields).
 SAMPLING_OPTIONS = field_names(SamplingConfig)
+
+
+@dataclass(frozen=True)
+class MethodSpec:
+    """One decoding method: the row of ``METHOD_SPECS`` from which the library, the command
+    line, the benchmark and the server derive its name, its options and their checks.
+
+    name: what ``method=`` says.
+    config: the frozen dataclass of its options (its fields are keywords of ``generate`` and,
+        where ``option`` gave them a help text, flags), or None for none.
+    proposer: what builds its proposer from ``(config, lookahead.proposers.base.ProposerInputs)``:
+        a callable, or ``"module:attribute"`` imported on first use (so that this table, which
+        the command line reads before torch is loaded, imports nothing heavy); None: proposes
+        nothing (one token per pass).
+    copies_text: copies from earlier text, so it takes ``memory`` and ``datastore``.
+    needs_draft: takes ``draft_model``, a loaded model sharing the target's vocabulary.
+    tuned: its shape may come from a profile ``lookahead tune`` saved (``window="auto"``,
+        ``workload``).
+    """
+
+    name: str
+    config: type | None = None
+    proposer: str | object | None = None
+    copies_text: bool = False
+    needs_draft: bool = False
+    tuned: bool = False
+
+    @property
+    def options(self) -> tuple[str, ...]:
+        """The keyword options ``generate`` takes for this method, besides sampling's."""
+        return (*(("draft_model",) if self.needs_draft else ()),
+                *(field_names(self.config) if self.config is not None else ()),
+                *(COPY_SOURCES if self.copies_text else ()),
+                *(("workload",) if self.tuned else ()),
+                *(STEP_OPTIONS if self.proposer is not None else ()))
+
+    def proposer_factory(self):
+        """The callable that builds this method's proposer (None: it proposes nothing)."""
+        if self.proposer is None or callable(self.proposer):
+            return self.proposer
+        module, _, attribute = self.proposer.partition(":")
+        target = import_module(module)
+        for part in attribute.split("."):
+            target = getattr(target, part)
+        return target
+
+
+# Adding a method: its proposer module, one row here, and its docs (docs/methods.md).
+METHOD_SPECS: tuple[MethodSpec, ...] = (
+    MethodSpec("autoregressive"),
+    MethodSpec("lookahead", LookaheadConfig, "lookahead.proposers.lookahead:LookaheadProposer.build",
+               copies_text=True, tuned=True),
+    MethodSpec("prompt_lookup", PromptLookupConfig,
+               "lookahead.proposers.prompt_lookup:PromptLookupProposer.build", copies_text=True),
+    MethodSpec("draft", DraftConfig, "lookahead.proposers.draft:DraftProposer.build",
+               needs_draft=True),
+)
+
+
+def method_specs() -> tuple[MethodSpec, ...]:
+    """The table's rows, read when called (a caller that imported ``METHOD_SPECS`` by name
+    would keep the table as it was then)."""
+    return METHOD_SPECS
+
+
+def method_names() -> tuple[str, ...]:
+    """Every method's name, in table order."""
+    return tuple(spec.name for spec in METHOD_SPECS)
+
+
+def method_spec(method: object) -> MethodSpec:
+    """The row of ``method``; a ValueError naming the argument and the choices otherwise."""
+    for spec in METHOD_SPECS:
+        if spec.name == method:
+            return spec
+    raise ValueError(f"method must be one of {', '.join(method_names())}; got {method!r}")
+
+
+def options_by_method() -> Mapping[str, tuple[str, ...]]:
+    """Each method's options (read-only), as ``MethodSpec.options`` derives them."""
+    return MappingProxyType({spec.name: spec.options for spec in METHOD_SPECS})
+
+
+def copying_methods() -> tuple[str, ...]:
+    """The methods that copy from earlier text (a ``memory``, a ``datastore``)."""
+    return tuple(spec.name for spec in METHOD_SPECS if spec.copies_text)
+
+
+def __getattr__(name: str):
+    # ``METHODS`` and ``METHOD_OPTIONS`` as names, derived from the table when read.
+    if name == "METHODS":
+        return method_names()
+    if name == "METHOD_OPTIONS":
+        return options_by_method()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

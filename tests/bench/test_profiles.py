@@ -9,7 +9,7 @@ from pathlib import Path
 import lookahead
 import pytest
 import torch
-from lookahead.api import make_decoder
+from lookahead.request import make_decoder
 from lookahead.cli.main import build_parser
 from lookahead.cli.options import method_options
 from lookahead.config import LookaheadConfig
@@ -117,7 +117,7 @@ def test_window_auto_brings_the_tuned_step_cap(tiny, tmp_path, monkeypatch) -> N
 def test_a_cuda_model_gets_the_gpu_default_shape_untuned(tmp_path) -> None:
     """Untuned, a model on CUDA gets the paper's W15 N5 G15 with its window at every step (a
     GPU step's tokens come nearly free), a CPU model the CPU default; options given win."""
-    from lookahead.api import resolve_auto_shape
+    from lookahead.request import resolve_auto_shape
     from lookahead.profiles import GPU_DEFAULT_SHAPE
 
     assert resolve_shape("m", "bfloat16", cache_dir=tmp_path, device="cuda") == dict(

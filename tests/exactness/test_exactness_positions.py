@@ -9,7 +9,7 @@ import torch
 import transformers
 from tiny import METHOD_CASES, first_difference, reference, run
 
-from lookahead.api import make_decoder
+from lookahead.request import make_decoder
 from lookahead.cache import cache_length
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -19,7 +19,7 @@ from tiny import (
 )
 
 import lookahead
-from lookahead.api import make_decoder
+from lookahead.request import make_decoder
 from lookahead.server.engine import Engine, EngineConfig
 
 CASES = [  # (method, options, prompt length, max_new_tokens)

@@ -10,7 +10,7 @@ import pytest
 from tiny import collect_events, prompt_ids, wait_idle
 
 import lookahead
-from lookahead.api import make_decoder
+from lookahead.request import make_decoder
 from lookahead.server.engine import (
     Engine,
     EngineClosedError,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from tiny import collect_events, prompt_ids
 
-from lookahead.api import make_decoder
+from lookahead.request import make_decoder
 from lookahead.detokenize import Detokenizer
 from lookahead.server.engine import Engine
 

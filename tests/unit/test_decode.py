@@ -171,6 +171,7 @@ def test_every_decoding_forward_runs_in_decoding_attention(tiny_lm, monkeypatch,
     import contextlib
 
     import lookahead.cache
+    import lookahead.request
 
     entered = []
 
@@ -182,7 +183,7 @@ def test_every_decoding_forward_runs_in_decoding_attention(tiny_lm, monkeypatch,
     monkeypatch.setattr(lookahead.cache, "decoding_attention", recording)
     model = tiny_lm("llama")
     options = dict(draft_model=tiny_lm("llama", seed=1)) if method == "draft" else {}
-    decoder = lookahead.api.make_decoder(model, torch.tensor([[3, 4, 5, 3, 4]]), 12, method,
+    decoder = lookahead.request.make_decoder(model, torch.tensor([[3, 4, 5, 3, 4]]), 12, method,
                                          **options)
     list(decoder)
     draft_passes = decoder.proposer.forwards if method == "draft" else 0

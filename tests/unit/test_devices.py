@@ -14,7 +14,7 @@ import torch
 from tiny import save_tiny_chat_model
 
 import lookahead
-from lookahead.api import make_decoder
+from lookahead.request import make_decoder
 from lookahead.cli.main import main
 from lookahead.devices import resolve_device
 

@@ -28,18 +28,32 @@ from transformers.generation.streamers import BaseStreamer
 
 import lookahead
 from lookahead.attention import decoding_attention
-from lookahead.config import METHOD_OPTIONS
-from lookahead.config import DraftConfig, LookaheadConfig, PromptLookupConfig
+from lookahead.config import (DraftConfig, LookaheadConfig, PromptLookupConfig,
+                              method_names, method_spec, method_specs)
 from lookahead.bench.datasets import encode_prompt
 from lookahead.sources.datastore import Datastore
-from lookahead.sources.memory import MEMORY_METHODS, TextMemory
+from lookahead.sources.memory import TextMemory
 
 HF_METHODS = ("hf", "hf_prompt_lookup", "hf_assisted")
-OUR_METHODS = ("autoregressive", "lookahead", "prompt_lookup", "draft")
-METHODS = HF_METHODS + OUR_METHODS
 EXTERNAL_METHODS = ("llamacpp",)  # run only when named
-ALL_METHODS = METHODS + EXTERNAL_METHODS
-NEEDS_DRAFT = ("hf_assisted", "draft")
+
+
+def bench_methods() -> tuple[str, ...]:
+    """The methods a benchmark runs when none are named: Hugging Face's, then every one of
+    ours (``lookahead.config.METHOD_SPECS``)."""
+    return HF_METHODS + method_names()
+
+
+def all_methods() -> tuple[str, ...]:
+    """Every method a benchmark can run, the external engines too."""
+    return bench_methods() + EXTERNAL_METHODS
+
+
+def draft_methods() -> tuple[str, ...]:
+    """The methods that need a draft model."""
+    return ("hf_assisted", *(spec.name for spec in method_specs() if spec.needs_draft))
+
+
 # Greedy methods whose output should be token-for-token the baseline's.
 BASELINE = "hf"
 
@@ -133,11 +147,12 @@ def measure(
             method, model, input_ids, max_new_tokens, options, draft_model, pad_token_id
         )
     kwargs = _our_options(method, options)
-    if method == "draft":
+    spec = method_spec(method)
+    if spec.needs_draft:
         kwargs["draft_model"] = draft_model
     if memory is not None:
         kwargs["memory"] = memory
-    if datastore is not None and method in MEMORY_METHODS:
+    if datastore is not None and spec.copies_text:
         kwargs["datastore"] = datastore
     return _measure_ours(method, model, input_ids, max_new_tokens, kwargs)
 
@@ -157,19 +172,17 @@ def _measure_ours(method, model, input_ids, max_new_tokens, kwargs: dict) -> Mea
 
 
 def _our_options(method: str, options: MethodOptions) -> dict:
-    """Every field of the method's config that ``lookahead.generate`` takes for it."""
-    config = {
-        "lookahead": options.lookahead,
-        "prompt_lookup": options.prompt_lookup,
-        "draft": options.draft,
-    }.get(method)
-    if config is None:
+    """Every field of the method's config that ``lookahead.generate`` takes for it: the
+    benchmark's settings where ``MethodOptions`` has a field named after the method, else the
+    config's defaults."""
+    spec = method_spec(method)
+    if spec.config is None:
         return {}
-    fields = dataclasses.asdict(config)
+    fields = dataclasses.asdict(getattr(options, method, None) or spec.config())
     cap = options.lookahead_cap if method == "lookahead" else options.max_step_tokens
     if cap is not None:
         fields["max_step_tokens"] = cap
-    return {name: fields[name] for name in METHOD_OPTIONS[method] if name in fields}
+    return {name: fields[name] for name in spec.options if name in fields}
 
 
 def _measure_hf(

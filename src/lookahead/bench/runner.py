@@ -27,22 +27,22 @@ import torch
 import transformers
 
 from lookahead.kernels import packing
-from lookahead.api import check_draft_model
+from lookahead.proposers.draft import check_draft_model
 from lookahead.bench import llamacpp
 from lookahead.bench.methods import (
-    ALL_METHODS,
     BASELINE,
     HF_METHODS,
-    METHODS,
-    NEEDS_DRAFT,
     MethodOptions,
+    all_methods,
+    bench_methods,
+    draft_methods,
     measure,
 )
 from lookahead.bench.report import setting_label, summarise, weights_of
-from lookahead.config import check_int
+from lookahead.config import check_int, copying_methods
 from lookahead.bench.datasets import BUNDLED_DATASETS, encode_prompt, load_prompts
 from lookahead.sources.datastore import Datastore, load_datastore
-from lookahead.sources.memory import MEMORY_METHODS, TextMemory
+from lookahead.sources.memory import TextMemory
 from lookahead.models.load import load_model
 from lookahead.models.load import is_gguf_source
 from lookahead.kernels.choice import Kernel, as_kernel
@@ -107,10 +107,10 @@ class BenchConfig:
         object.__setattr__(
             self, "baseline_dtypes", tuple(dict.fromkeys(map(dtype_name, self.baseline_dtypes)))
         )
-        unknown = [m for m in self.methods or () if m not in ALL_METHODS]
+        unknown = [m for m in self.methods or () if m not in all_methods()]
         if unknown:
-            raise ValueError(f"unknown method(s) {unknown}; choose from {', '.join(ALL_METHODS)}")
-        needing = [m for m in self.methods or () if m in NEEDS_DRAFT]
+            raise ValueError(f"unknown method(s) {unknown}; choose from {', '.join(all_methods())}")
+        needing = [m for m in self.methods or () if m in draft_methods()]
         if needing and self.draft_model is None:
             raise ValueError(f"method(s) {needing} need a draft model: pass --draft-model NAME")
         if self.dtype != Kernel.QUANTIZED:
@@ -147,10 +147,10 @@ class BenchConfig:
     @property
     def run_methods(self) -> tuple[str, ...]:
         """The methods to run in ``dtype``, baseline first, in the canonical order."""
-        chosen = set(self.methods or METHODS) | {BASELINE}
+        chosen = set(self.methods or bench_methods()) | {BASELINE}
         if self.draft_model is None:
-            chosen -= set(NEEDS_DRAFT)
-        return tuple(m for m in ALL_METHODS if m in chosen)
+            chosen -= set(draft_methods())
+        return tuple(m for m in all_methods() if m in chosen)
 
     @property
     def extra_baseline_dtypes(self) -> tuple[str, ...]:
@@ -199,7 +199,7 @@ def run_benchmark(config: BenchConfig, progress: Progress | None = None) -> dict
             _run(config, loaded, method, dtype, first, min(config.max_new_tokens, WARMUP_TOKENS))
             tick(f"warm-up {method} ({dtype})")
     # Made after the warm-up, which would otherwise leave the first prompt's answer in them.
-    memories = {m: TextMemory() for m in MEMORY_METHODS} if config.options.memory else {}
+    memories = {m: TextMemory() for m in copying_methods()} if config.options.memory else {}
     records = []
     for dataset, items in encoded.items():
         for prompt_id, input_ids in items:
@@ -260,7 +260,7 @@ def _load(config: BenchConfig) -> _Loaded:
         logger.info("loaded %s (%s) in %.1f s", config.model, setting,
                     time.perf_counter() - started)
     draft = None
-    if config.draft_model is not None and set(config.run_methods) & set(NEEDS_DRAFT):
+    if config.draft_model is not None and set(config.run_methods) & set(draft_methods()):
         draft, _ = load_model(config.draft_model, **_dtype_args(config.dtype),
                               cache_dir=config.cache_dir,
                               packed_weights=config.kernel, device=config.device)

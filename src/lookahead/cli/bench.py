@@ -15,7 +15,6 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from lookahead.bench import llamacpp
-from lookahead.argtypes import int_in
 from lookahead.cli.bench_args import (
     add_model_arguments,
     add_shape_arguments,
@@ -26,12 +25,12 @@ from lookahead.cli.bench_args import (
     quiet_loading,
     shape_from_args,
 )
-from lookahead.bench.methods import ALL_METHODS, MethodOptions
+from lookahead.bench.methods import MethodOptions, all_methods
 from lookahead.bench.report import markdown_table, write_results
 from lookahead.bench.runner import BenchConfig, run_benchmark
 from lookahead.profiles import shape_label, split_cap
 from lookahead.cli.loading import check_packing_dtype
-from lookahead.cli.options import add_datastore_arg, add_max_step_tokens
+from lookahead.cli.options import add_config_flags, add_datastore_arg, add_max_step_tokens
 from lookahead.config import DraftConfig, LookaheadConfig, PromptLookupConfig
 from lookahead.sources.datastore import check_spec
 
@@ -65,8 +64,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-new-tokens", type=positive_int, default=256, help="(default 256)")
     parser.add_argument(
         "--methods",
-        type=comma_list(ALL_METHODS),
-        help=f"comma-separated subset of {','.join(ALL_METHODS)} (default: all that apply "
+        type=comma_list(all_methods()),
+        help=f"comma-separated subset of {','.join(all_methods())} (default: all that apply "
         "but llamacpp; hf, the baseline, always runs)",
     )
     parser.add_argument(
@@ -80,18 +79,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--prompt-lookup-tokens",
         type=positive_int,
-        default=10,
-        help="draft tokens of prompt lookup, ours and HF's (default 10)",
+        default=PromptLookupConfig.num_draft_tokens,
+        help="draft tokens of prompt lookup, ours and HF's (default: %(default)s)",
     )
     parser.add_argument(
         "--draft-tokens", type=positive_int, default=DraftConfig.num_draft_tokens,
-        help=f"tokens per step of 'draft' ({DraftConfig.num_draft_tokens})"
+        help="tokens per step of 'draft' (default: %(default)s)"
     )
-    parser.add_argument(
-        "--draft-vocab", type=int_in(0, 1 << 24), default=None,
-        help="'draft' scores only the first S token ids and those of the text (default: "
-        "32768 on a CPU, all on a GPU; 0: all)"
-    )
+    add_config_flags(parser, names=("draft_vocab",), methods=("draft",))
     parser.add_argument(
         "--memory",
         action="store_true",

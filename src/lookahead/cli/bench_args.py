@@ -12,10 +12,9 @@ import logging
 
 import torch
 
-from lookahead.cli.options import (DTYPE_HELP, add_kernel_args, add_model_args, dtype_name,
-                                   workload_arg)
-from lookahead.argtypes import int_in
-from lookahead.config import MAX_GUESS, MAX_NGRAM, MAX_WINDOW
+from lookahead.cli.options import (DTYPE_HELP, WINDOW_HELP, add_config_flags, add_kernel_args,
+                                   add_model_args, dtype_name, workload_arg)
+from lookahead.config import LookaheadConfig, check_ranges
 from lookahead.models.registry import AUTO_DTYPE, resolve_dtype
 from lookahead.kernels.choice import Kernel
 from lookahead.kernels.packing import resolve_kernel
@@ -81,13 +80,10 @@ def shape_arg(text: str) -> str | tuple[int, int, int]:
         raise argparse.ArgumentTypeError(
             f"--shape is 'auto' or WINDOWxNGRAMxGUESS such as 7x5x7, got {text!r}"
         ) from None
-    for name, value, low, high in (
-        ("window", window, 1, MAX_WINDOW),
-        ("ngram", ngram, 2, MAX_NGRAM),
-        ("guess", guess, 1, MAX_GUESS),
-    ):
-        if not low <= value <= high:
-            raise argparse.ArgumentTypeError(f"{name} must be in [{low}, {high}], got {value}")
+    try:  # the ranges of LookaheadConfig's fields
+        check_ranges(LookaheadConfig(window=window, ngram=ngram, guess=guess))
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
     return window, ngram, guess
 
 
@@ -116,14 +112,11 @@ def add_shape_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--shape",
         type=shape_arg,
-        help="lookahead shape: 'auto' (the default: this machine's tuned profile, see "
-        "`lookahead tune`, else W2 N5 G4) or WINDOWxNGRAMxGUESS, e.g. 7x5x7",
+        help=f"{WINDOW_HELP.removeprefix('lookahead: window size, or ')}; or "
+        "WINDOWxNGRAMxGUESS, e.g. 7x5x7",
     )
-    parser.add_argument("--window", type=int_in(1, MAX_WINDOW), metavar="W", help="window W")
-    parser.add_argument("--ngram", type=int_in(2, MAX_NGRAM), metavar="N", help="n-gram size N")
-    parser.add_argument("--guess", type=int_in(1, MAX_GUESS), metavar="G", help="guesses G")
-    parser.add_argument("--lookup-tokens", type=int_in(1, 256), metavar="L",
-                        help="lookahead's first copy length L (the copy doubles while accepted)")
+    add_config_flags(parser, names=("window", "ngram", "guess", "lookup_tokens"),
+                     methods=("lookahead",))
     parser.add_argument("--workload", type=workload_arg, metavar="NAME",
                         help="with --shape auto: the shape `lookahead tune --workload NAME` "
                         "saved (e.g. code), else the general tuned one")

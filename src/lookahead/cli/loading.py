@@ -15,7 +15,7 @@ from typing import Any, NamedTuple
 
 import torch
 
-from lookahead.api import check_draft_model
+from lookahead.proposers.draft import check_draft_model
 from lookahead.argtypes import UsageError
 from lookahead.cli.options import method_options
 from lookahead.kernels import Kernel, packing

@@ -13,6 +13,7 @@ it into the usual argparse error (usage line, the option's name, exit status 2).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import sys
 from collections.abc import Callable
@@ -22,29 +23,24 @@ from typing import Any
 from lookahead.argtypes import UsageError, float_in, int_in
 from lookahead.config import (
     COPY_SOURCES,
-    MAX_DRAFT_TOKENS,
-    MAX_GUESS,
-    MAX_NGRAM,
-    MAX_WINDOW,
-    METHOD_OPTIONS,
-    METHODS,
     SAMPLING_OPTIONS,
+    LookaheadConfig,
     check_workload,
+    copying_methods,
+    method_names,
+    method_specs,
+    options_by_method,
 )
 from lookahead.kernels import Kernel
 from lookahead.models.registry import AUTO_DTYPE, DEFAULT_MODEL, ModelNotAvailableError
 from lookahead.models.registry import dtype_name as canonical_dtype_name
 from lookahead.sources.datastore import check_spec
-from lookahead.sources.memory import MEMORY_METHODS
 
 logger = logging.getLogger(__name__)
 
-# The method options the CLI passes on, by the keyword lookahead.generate takes (the flag is
-# "--" + name with "-" for "_"; a parser without the flag leaves it out). The texts to copy from
-# and the draft model are handled apart: their flags name things to load.
+# The texts to copy from and the draft model are method options whose flags name things to
+# load: they are handled apart from the others.
 _LOADED = (*COPY_SOURCES, "draft_model")
-_SHAPE_OPTIONS = tuple(name for name in dict.fromkeys(chain(*METHOD_OPTIONS.values()))
-                       if name not in _LOADED)
 # The sampling options but do_sample, whose flag is --sample.
 _SAMPLING_OPTIONS = tuple(name for name in SAMPLING_OPTIONS if name != "do_sample")
 
@@ -60,11 +56,16 @@ def window_arg(text: str) -> int | str:
         int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected 'auto' or an integer, got {text!r}") from None
-    return int_in(1, MAX_WINDOW)(text)
+    return int_in(*_field_range(LookaheadConfig, "window"))(text)
+
+
+def _default_shape() -> str:
+    default = LookaheadConfig()
+    return f"W{default.window} N{default.ngram} G{default.guess}"
 
 
 WINDOW_HELP = ("lookahead: window size, or 'auto' (the default): the shape `lookahead tune` "
-               "saved for this model and machine, else W2 N5 G4")
+               f"saved for this model and machine, else {_default_shape()}")
 
 
 def workload_arg(text: str) -> str:
@@ -175,19 +176,16 @@ def add_max_new_tokens(parser: argparse.ArgumentParser, *, default: int, help: s
 
 
 def add_method_args(parser: argparse.ArgumentParser, *, default: str = "lookahead") -> None:
-    """``--method`` with each method's options, and the sampling options."""
+    """``--method`` with each method's options, and the sampling options.
+
+    Every option that a method's config gives a help text (``lookahead.config.option``)
+    becomes a flag here, with the range, default and text of its field.
+    """
     group = parser.add_argument_group("decoding method")
-    group.add_argument("--method", choices=METHODS, default=default, help=f"(default: {default})")
+    group.add_argument("--method", choices=method_names(), default=default,
+                       help=f"(default: {default})")
     group.add_argument("--window", type=window_arg, metavar="W", help=WINDOW_HELP)
-    group.add_argument(
-        "--ngram", type=int_in(2, MAX_NGRAM), metavar="N", help="lookahead: n-gram length"
-    )
-    group.add_argument(
-        "--guess",
-        type=int_in(1, MAX_GUESS),
-        metavar="G",
-        help="lookahead: candidate n-grams verified per step",
-    )
+    add_config_flags(group, skip=("window",))
     group.add_argument(
         "--workload",
         type=workload_arg,
@@ -195,64 +193,54 @@ def add_method_args(parser: argparse.ArgumentParser, *, default: str = "lookahea
         help="lookahead: the shape `lookahead tune --workload NAME` saved for this kind of text "
         "(e.g. code), else the general tuned shape",
     )
-    _add_copy_args(group)
     add_max_step_tokens(group)
     group.add_argument(
         "--draft-model", metavar="NAME", help="draft: the small model (same vocabulary)"
     )
-    group.add_argument(
-        "--draft-vocab", type=int_in(0, 1 << 24), metavar="S",
-        help="draft: the draft scores only the first S token ids, the commonest in a BPE "
-        "vocabulary, and those of the text; the text stays the same (default: 32768 on a CPU, all "
-        "on a GPU; 0: all)",
-    )
-    add_datastore_arg(group, "lookahead, prompt_lookup: also copy")
+    add_datastore_arg(group, f"{', '.join(copying_methods())}: also copy")
     add_sampling_args(parser)
 
 
-def _add_copy_args(group) -> None:
-    """The lengths of copied continuations and drafts, and the window's token price."""
-    group.add_argument(
-        "--lookup-tokens",
-        type=int_in(0, MAX_DRAFT_TOKENS),
-        metavar="L",
-        help="lookahead, draft: length of the continuation copied from earlier text after the "
-        "last n-gram (default: 8, or the tuned profile's); draft: 0 turns the copy off",
-    )
-    group.add_argument(
-        "--lookup-max-tokens",
-        type=int_in(0, MAX_DRAFT_TOKENS),
-        metavar="L",
-        help="lookahead: the copy doubles up to this length while accepted whole (default: 32; "
-        "0 keeps it fixed)",
-    )
-    group.add_argument(
-        "--token-cost",
-        type=float_in(0.0, 1.0),
-        metavar="C",
-        help="lookahead: what one more token in a forward pass costs, as a fraction of a "
-        "one-token pass; the window runs while its n-grams pay for its tokens at that price "
-        "(default: 0.025, a 2-core CPU; 0 runs it at every step, as on a GPU)",
-    )
-    group.add_argument(
-        "--num-draft-tokens",
-        type=int_in(1, MAX_DRAFT_TOKENS),
-        metavar="K",
-        help="prompt_lookup, draft: tokens proposed per step",
-    )
-    group.add_argument(
-        "--max-draft-tokens",
-        type=int_in(0, MAX_DRAFT_TOKENS),
-        metavar="K",
-        help="prompt_lookup: the copy doubles up to this length while accepted whole "
-        "(default: 0, fixed at --num-draft-tokens)",
-    )
-    group.add_argument(
-        "--max-ngram",
-        type=int_in(1, MAX_NGRAM),
-        metavar="N",
-        help="prompt_lookup: longest n-gram matched",
-    )
+def config_flags() -> dict[str, list[tuple[str, object]]]:
+    """Each flagged config field's name -> the (method, dataclass field) pairs that have it,
+    in table order: the fields ``lookahead.config.option`` gave a help text."""
+    flags: dict[str, list[tuple[str, object]]] = {}
+    for spec in method_specs():
+        if spec.config is None:
+            continue
+        for field in dataclasses.fields(spec.config):
+            if "help" in field.metadata:
+                flags.setdefault(field.name, []).append((spec.name, field))
+    return flags
+
+
+def add_config_flags(group, names: tuple[str, ...] | None = None, skip: tuple[str, ...] = (),
+                     methods: tuple[str, ...] | None = None) -> None:
+    """A flag (``--lookup-tokens``) for each flagged config field (``names``: those alone) of
+    the methods (``methods``: those alone), typed to the widest range they allow
+    (``method_options`` checks the chosen method's own), its help the field's text, the
+    methods and their defaults."""
+    for name, owners in config_flags().items():
+        owners = [(m, f) for m, f in owners if methods is None or m in methods]
+        if not owners or name in skip or (names is not None and name not in names):
+            continue
+        lows, highs = zip(*(field.metadata["range"] for _, field in owners))
+        kind = int_in if isinstance(lows[0], int) else float_in
+        defaults = {method: field.default for method, field in owners}
+        shown = ""
+        if any(d is not None for d in defaults.values()):
+            values = set(defaults.values())
+            shown = (f" (default: {values.pop()})" if len(values) == 1 else " (default: " +
+                     ", ".join(f"{m} {d}" for m, d in defaults.items()) + ")")
+        first = owners[0][1]
+        group.add_argument(
+            _flag(name), type=kind(min(lows), max(highs)), metavar=first.metadata["metavar"],
+            help=f"{', '.join(m for m, _ in owners)}: {first.metadata['help']}{shown}",
+        )
+
+
+def _field_range(config: type, name: str) -> tuple:
+    return next(f.metadata["range"] for f in dataclasses.fields(config) if f.name == name)
 
 
 def add_sampling_args(parser: argparse.ArgumentParser) -> None:
@@ -300,24 +288,23 @@ def method_options(args: argparse.Namespace, draft_model: Any = None) -> dict[st
     Raises ``UsageError`` for an option that the method does not take, ``--method draft``
     without ``--draft-model`` and sampling options without ``--sample``.
     """
-    accepted = METHOD_OPTIONS[args.method]
+    table = options_by_method()
+    accepted = table[args.method]
     options: dict[str, Any] = {}
-    for name in _SHAPE_OPTIONS:
+    for name in dict.fromkeys(chain(*table.values())):
         value = getattr(args, name, None)
-        if value is None:
+        if value is None or name in _LOADED:
             continue
         if name not in accepted:
-            takers = [m for m, names in METHOD_OPTIONS.items() if name in names]
+            takers = [m for m, names in table.items() if name in names]
             raise UsageError(
                 _flag(name), f"applies to --method {' or '.join(takers)}, not {args.method}"
             )
+        _check_method_range(args.method, name, value)
         options[name] = value
     if options.get("workload") is not None and options.get("window", "auto") != "auto":
         raise UsageError("--workload", f"chooses a tuned shape; it cannot go with --window "
                          f"{options['window']}")
-    if args.method == "lookahead" and options.get("lookup_tokens") == 0:
-        raise UsageError("--lookup-tokens", "must be at least 1 with --method lookahead "
-                         "(0 turns the copy off for --method draft only)")
     if args.method == "lookahead" and "window" not in options:
         options["window"] = "auto"  # resolved by make_decoder; --ngram/--guess still apply
     if args.method == "draft":
@@ -338,6 +325,16 @@ def method_options(args: argparse.Namespace, draft_model: Any = None) -> dict[st
             raise UsageError(_flag(name), "needs --sample (decoding is greedy without it)")
         options[name] = value
     return options
+
+
+def _check_method_range(method: str, name: str, value) -> None:
+    """A flag shared by methods of different ranges must lie in the chosen method's."""
+    for owner, field in config_flags().get(name, ()):
+        low, high = field.metadata["range"]
+        numeric = isinstance(value, (int, float))  # not window="auto"
+        if owner == method and numeric and not low <= value <= high:
+            raise UsageError(_flag(name), f"must be in [{low}, {high}] with --method {method}, "
+                             f"got {value}")
 
 
 def add_max_step_tokens(parser) -> None:
@@ -367,8 +364,8 @@ def add_datastore_arg(parser, who: str) -> None:
 
 def check_copying_method(flag: str, method: str) -> None:
     """``flag`` (``--memory``, ``--datastore``) needs a method that copies from earlier text."""
-    if method not in MEMORY_METHODS:
-        raise UsageError(flag, f"applies to --method {' or '.join(MEMORY_METHODS)}, "
+    if method not in copying_methods():
+        raise UsageError(flag, f"applies to --method {' or '.join(copying_methods())}, "
                          f"not {method}")
 
 

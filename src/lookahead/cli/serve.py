@@ -18,7 +18,8 @@ import threading
 import time
 from collections.abc import Iterator
 
-from lookahead.api import check_draft_model, resolve_auto_shape
+from lookahead.proposers.draft import check_draft_model
+from lookahead.request import resolve_auto_shape
 from lookahead.cli.loading import load, load_named
 from lookahead.cli.options import set_handler
 from lookahead.cli.options import add_method_args, add_model_args, check_copying_method
@@ -274,7 +275,7 @@ def _interrupt_on_sigterm() -> Iterator[None]:
 
 def _warm_up(engine, method: str, options: dict) -> None:
     """One short generation through the engine, so that one-time costs are paid up front."""
-    from lookahead.api import make_decoder
+    from lookahead.request import make_decoder
     from lookahead.server.engine import ErrorEvent
 
     ids = engine.tokenizer("def fibonacci(n):\n    ", return_tensors="pt")["input_ids"]

@@ -43,6 +43,32 @@ class StepOutcome:
     seconds: float | None = None
 
 
+@dataclass(frozen=True)
+class ProposerInputs:
+    """What a method's proposer may be built from besides its config
+    (``lookahead.config.MethodSpec.proposer`` is called with ``(config, inputs)``).
+
+    model: the target; sampling: a ``lookahead.config.SamplingConfig``; generator: the
+    request's RNG (sampling only); memory, datastore: texts to copy from (copying methods);
+    draft_model: the draft (``needs_draft`` methods).
+    """
+
+    model: torch.nn.Module
+    sampling: object
+    generator: torch.Generator | None = None
+    memory: object | None = None
+    datastore: object | None = None
+    draft_model: object | None = None
+
+
+def vocab_size(model) -> int:
+    """The size of ``model``'s vocabulary (of its text part, for a multimodal config)."""
+    config = model.config
+    if hasattr(config, "get_text_config"):
+        config = config.get_text_config()
+    return int(config.vocab_size)
+
+
 class Proposer(Protocol):
     """A strategy that guesses the next tokens; one instance per request (it holds state)."""
 
@@ -59,6 +85,10 @@ class Proposer(Protocol):
 
 class NoProposer:
     """Plain one-token-per-step decoding: proposes nothing."""
+
+    @classmethod
+    def build(cls, config: None = None, inputs: ProposerInputs | None = None) -> NoProposer:
+        return cls()
 
     def start(self, prompt: list[int]) -> None:
         pass

@@ -6,7 +6,7 @@ import torch
 
 from lookahead.cache import cache_keyword, cache_length, decoding_pass, keep_new, new_cache
 from lookahead.config import DraftConfig, SamplingConfig
-from lookahead.proposers.base import Proposal, StepOutcome
+from lookahead.proposers.base import Proposal, ProposerInputs, StepOutcome, vocab_size
 from lookahead.proposers.prompt_lookup import find_continuation
 from lookahead.proposers.shortlist import shortlist_head
 from lookahead.verify import argmax, on_generator, warp
@@ -44,6 +44,12 @@ class DraftProposer:
         self._cached = 0  # tokens of the committed text in the draft cache
         self._drafted = 0  # tokens drafted in the last step
         self.forwards = 0  # draft forward passes run, for statistics
+
+    @classmethod
+    def build(cls, config: DraftConfig, inputs: ProposerInputs) -> DraftProposer:
+        """The proposer of ``method="draft"`` (``MethodSpec.proposer``)."""
+        check_draft_model(inputs.model, inputs.draft_model)
+        return cls(inputs.draft_model, config, inputs.sampling, inputs.generator)
 
     def start(self, prompt: list[int]) -> None:
         self.cache = new_cache()
@@ -119,3 +125,15 @@ class DraftProposer:
         valid = min(outcome.accepted, self._drafted - 1)
         keep_new(self.cache, self._cached, list(range(valid)))
         self._cached += valid
+
+
+def check_draft_model(model, draft_model) -> None:
+    """The draft must be a loaded model whose vocabulary is the target ``model``'s."""
+    if not isinstance(draft_model, torch.nn.Module):
+        raise TypeError(f"draft_model must be a loaded model for method 'draft', got {draft_model!r}")
+    ours, theirs = vocab_size(model), vocab_size(draft_model)
+    if ours != theirs:
+        raise ValueError(
+            f"draft_model must share the target's vocabulary: its vocab_size is {theirs}, "
+            f"the target's is {ours}"
+        )

@@ -29,7 +29,7 @@ from lookahead.attention import Branch
 from lookahead.config import LookaheadConfig
 from lookahead.sources.datastore import Datastore
 from lookahead.sources.memory import TextMemory
-from lookahead.proposers.base import Proposal, StepOutcome
+from lookahead.proposers.base import Proposal, ProposerInputs, StepOutcome
 from lookahead.proposers.prompt_lookup import CopyLength, find_continuation, longest_match
 from lookahead.proposers.step_clock import StepClock
 from lookahead.verify import argmax
@@ -272,6 +272,11 @@ class LookaheadProposer:
         self.gauge = self._new_gauge()
         self.depths = self._new_depths()
         self._visibility: dict[int, torch.Tensor] = {}
+
+    @classmethod
+    def build(cls, config: LookaheadConfig, inputs: ProposerInputs) -> LookaheadProposer:
+        """The proposer of ``method="lookahead"`` (``MethodSpec.proposer``)."""
+        return cls(config, memory=inputs.memory, datastore=inputs.datastore)
 
     def start(self, prompt: list[int]) -> None:
         cfg = self.config

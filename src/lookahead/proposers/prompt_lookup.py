@@ -9,7 +9,7 @@ import numpy as np
 from lookahead.config import PromptLookupConfig
 from lookahead.sources.datastore import Datastore
 from lookahead.sources.memory import TextMemory
-from lookahead.proposers.base import Proposal, StepOutcome
+from lookahead.proposers.base import Proposal, ProposerInputs, StepOutcome
 
 
 def find_continuation(
@@ -118,6 +118,11 @@ class PromptLookupProposer:
         self._sources = [s for s in (memory, datastore) if s is not None]
         self.length = CopyLength(config.num_draft_tokens, config.max_draft_tokens)
         self._copied: list[int] = []  # this step's copy
+
+    @classmethod
+    def build(cls, config: PromptLookupConfig, inputs: ProposerInputs) -> PromptLookupProposer:
+        """The proposer of ``method="prompt_lookup"`` (``MethodSpec.proposer``)."""
+        return cls(config, memory=inputs.memory, datastore=inputs.datastore)
 
     def start(self, prompt: list[int]) -> None:
         self.length.reset()

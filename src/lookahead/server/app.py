@@ -39,14 +39,14 @@ from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
-from lookahead.api import make_decoder
-from lookahead.config import METHODS
+from lookahead.request import make_decoder
+from lookahead.config import method_spec
 from lookahead.kernels.packing import packing_of
 from lookahead.models.load import chat_prompt
 from lookahead.server.engine import Engine, EngineClosedError, QueueFullError
 from lookahead.server.guard import BodyTooLargeError, Guard, read_body, too_large_error
 from lookahead.server.metrics import CONTENT_TYPE
-from lookahead.sources.memory import DEFAULT_CAPACITY, MEMORY_METHODS, TextMemory
+from lookahead.sources.memory import DEFAULT_CAPACITY, TextMemory
 from lookahead.server.protocol import (
     BodyError,
     ChatCompletionRequest,
@@ -117,8 +117,7 @@ class ServerSettings:
     health_stall_s: float = 60.0
 
     def __post_init__(self) -> None:
-        if self.method not in METHODS:
-            raise ValueError(f"method must be one of {', '.join(METHODS)}; got {self.method!r}")
+        method_spec(self.method)  # a ValueError naming the methods there are
         if self.memory not in (None, *MEMORY_SCOPES):
             raise ValueError(f"memory must be None or one of {MEMORY_SCOPES}; got {self.memory!r}")
         for name in ("max_body_bytes", "max_tokens"):
@@ -339,7 +338,7 @@ def _decoder(engine: Engine, settings: ServerSettings, body, input_ids, chat: bo
                        f"prompt has {prompt_len} tokens and {field} is {max_tokens}", field,
                        code="context_length_exceeded")
     method, options = _method_options(settings, body)
-    if memory is not None and method == settings.method and method in MEMORY_METHODS:
+    if memory is not None and method == settings.method and method_spec(method).copies_text:
         options["memory"] = memory
     try:
         decoder = make_decoder(engine.model, input_ids, max_tokens, method, **options)

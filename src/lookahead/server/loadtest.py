@@ -36,7 +36,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from lookahead.argtypes import UsageError, int_in
-from lookahead.config import METHODS
+from lookahead.config import method_names
 from lookahead.bench.datasets import Prompt, load_prompts
 
 try:
@@ -376,7 +376,7 @@ def _int_list(text: str) -> list[int]:
 
 def _method_list(text: str) -> list[str]:
     methods = [m.strip() for m in text.split(",") if m.strip()]
-    bad = [m for m in methods if m not in METHODS]
+    bad = [m for m in methods if m not in method_names()]
     if bad or not methods:
-        raise argparse.ArgumentTypeError(f"methods must be among {', '.join(METHODS)}; got {text!r}")
+        raise argparse.ArgumentTypeError(f"methods must be among {', '.join(method_names())}; got {text!r}")
     return methods

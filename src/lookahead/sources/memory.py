@@ -23,8 +23,6 @@ from collections.abc import Iterator, Sequence
 
 from lookahead.config import check_int
 
-# The methods whose proposers copy from a memory.
-MEMORY_METHODS = ("lookahead", "prompt_lookup")
 # Tokens a memory keeps unless told otherwise: a few hundred answers.
 DEFAULT_CAPACITY = 1 << 16
 

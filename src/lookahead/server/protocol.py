@@ -11,7 +11,7 @@ The extra body field ``lookahead`` picks the method and its shape per request::
     {"model": "smollm2-135m", "prompt": "def f(x):", "max_tokens": 64, "temperature": 0,
      "lookahead": {"method": "prompt_lookup", "num_draft_tokens": 8}}
 
-Its other keys are the method's options (``lookahead.api.METHOD_OPTIONS``), checked by the
+Its other keys are the method's options (``lookahead.config.METHOD_OPTIONS``), checked by the
 library's own config classes; ``ignore_eos`` keeps decoding past end-of-sequence tokens.
 
 Types are strict: ``"max_tokens": "16"`` or ``"stream": "yes"`` is a 400, not a guess (an

@@ -1,6 +1,8 @@
 """The import graph of ``src/lookahead`` as Graphviz dot: every import, those inside functions too.
 
-    python docs/import_graph.py | dot -Tpng -Gdpi=110 -o docs/imports.png
+    python docs/import_graph.py | dot -Tpng -Gdpi=72 -o docs/imports.png
+
+(docs/architecture.md gives the step that then makes the file small.)
 
 The command line, the server and the benchmark harness are one box each, on top, with their
 modules listed; the library's modules are boxes below, its sub-packages boxed apart. An arrow

@@ -7,14 +7,14 @@ layout oneDNN prefers (``torch.ops.mkldnn._reorder_linear_weight``, what ``torch
 CPU "freezing" does) and calling the product on it (``torch.ops.mkldnn._linear_pointwise``)
 gives the same logits, bit for bit, in less time. Measured on an AMD EPYC, 2 threads, bf16:
 Qwen2.5-Coder-1.5B's forward pass of 1 / 8 / 16 tokens over a 300-token cache took
-195 / 215 / 274 ms with plain weights and 145 / 147 / 190 ms packed (``docs/packed-weights.md``).
+195 / 215 / 274 ms with plain weights and 145 / 147 / 190 ms packed (``docs/cpu-kernels.md``).
 
 Float32 "packing" lays nothing out: it swaps each linear layer for a
 :class:`WeightFirstLinear`, which runs a pass of several rows as ``W @ x.T`` rather than
 ``F.linear``'s ``x @ W.T``. MKL takes the first as a product with a tall left operand and
 runs it near the speed of memory; the second, with a few rows on the left, runs slowly on an
 AVX2-only AMD EPYC: there SmolLM2-135M's float32 pass of 2 tokens took 1.5x a pass of one plain
-and about 1.0x weight first (``docs/packed-weights.md``). One row goes through W in blocks, one
+and about 1.0x weight first (``docs/cpu-kernels.md``). One row goes through W in blocks, one
 batched product, which reads the weight on both threads where MKL's matrix-vector product
 reads it at one thread's speed: a one-token pass of SmolLM2-135M took 49 ms, against 73 ms
 plain. Both sum in another order than plain float32, so the logits differ in the last bits:
@@ -79,7 +79,7 @@ PACKED_BY_DEFAULT = (torch.bfloat16,)
 # Rows of W per block of WeightFirstLinear's one-row product: small enough that the blocks
 # share out evenly between threads (a 192-row layer is 3 blocks), big enough that each is
 # one product worth its call. On SmolLM2's layers 16 to 64 timed within a few per cent of
-# each other; 192 was up to a third slower on the 192-row ones (docs/packed-weights.md).
+# each other; 192 was up to a third slower on the 192-row ones (docs/cpu-kernels.md).
 BLOCK_ROWS = 64
 
 

@@ -6,7 +6,7 @@ bound by arithmetic: on a 2-core Intel Xeon (AVX512-BF16, no AMX), Qwen2.5-Coder
 of 1 / 8 / 16 tokens took 151 / 260 / 391 ms on oneDNN's packed weights. This kernel widens
 each bfloat16 weight to float32 once, multiplies it into every token's row and reads the
 weights ahead: 123 / 152 / 250 ms on the same machine, in the same process
-(``docs/packed-weights.md``); taking 12 rows at a time, as it now does, passes of 12 / 16
+(``docs/cpu-kernels.md``); taking 12 rows at a time, as it now does, passes of 12 / 16
 tokens cost 180 / 236 ms.
 
 The sums run in another order than oneDNN's, so the logits differ from plain bfloat16 in the

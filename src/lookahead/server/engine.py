@@ -12,8 +12,8 @@ forward pass. An iteration of the loop (``Engine._iterate``):
    ``Decoder.finish`` on each request's logits; keep the accepted entries, send the new text,
    retire finished requests and compact the cache when half of it is waste.
 
-Speculation adapts to load: one forward pass costs about the same for 1 token as for a few
-on a CPU (see REFERENCE.md), so the spare room of a pass is shared. Each of n running requests
+Speculation adapts to load: on a CPU a pass of 8 tokens can cost about 1.05x a pass of 1
+(``docs/benchmarks.md``), so the spare room of a pass is shared. Each of n running requests
 gets at most ``max(1, step_token_budget // n)`` input tokens for its step: alone, a request
 may speculate with the whole budget; with many, the share falls to 1 token each, which is
 plain batched decoding -- never worse than autoregressive batching. Below that ceiling

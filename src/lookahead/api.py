@@ -26,7 +26,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
-from transformers import GenerationConfig
+from transformers import Cache, GenerationConfig
 from transformers.generation import logits_process as lp
 from transformers.generation.stopping_criteria import StoppingCriteriaList
 from transformers.generation.utils import GenerateDecoderOnlyOutput
@@ -34,6 +34,7 @@ from transformers.generation.utils import GenerateDecoderOnlyOutput
 from lookahead.batch import decode_batch, left_padding, merge_stats, plan_rows
 from lookahead.config import SamplingConfig, check_int, method_spec
 from lookahead.decode import Decoder
+from lookahead.prefix_cache import CachedPrefix
 from lookahead.hf_settings import (SAMPLING_FIELDS, check_mode, our_options, prepare_config,
                                    split_warpers)
 from lookahead.request import check_input_ids, make_decoder
@@ -46,11 +47,14 @@ _UNSET = object()
 @dataclass(frozen=True)
 class GenerationResult:
     """sequences: LongTensor [B, prompt_len + new_tokens]; stats: what the decoding did (all
-    rows together); row_stats: each row's, for a batch (else empty)."""
+    rows together); row_stats: each row's, for a batch (else empty); past_key_values: for a
+    batch of one, the KV cache of ``sequences[:, :-1]``, to continue from (pass it back as
+    ``past_key_values=`` with a prompt that extends the text), else None."""
 
     sequences: torch.Tensor
     stats: GenerationStats
     row_stats: tuple[GenerationStats, ...] = ()
+    past_key_values: Cache | None = None
 
     @property
     def new_tokens(self) -> torch.Tensor:
@@ -75,9 +79,19 @@ class Stream:
     def sequences(self) -> torch.Tensor:
         return torch.tensor([self._decoder.context], dtype=torch.long)
 
+    @property
+    def past_key_values(self) -> Cache:
+        """The KV cache of the text so far but its last token (once a step has ended), to
+        continue from as ``generate``'s or ``stream``'s ``past_key_values``."""
+        return self._decoder.cache
 
-def stream(model, input_ids, max_new_tokens: int = 256, method: str = "lookahead", **options):
-    """Like ``generate`` but returns a ``Stream`` that yields each step's tokens as decoded."""
+
+def stream(model, input_ids, max_new_tokens: int = 256, method: str = "lookahead", *,
+           past_key_values: Cache | None = None, **options):
+    """Like ``generate`` but returns a ``Stream`` that yields each step's tokens as decoded
+    (``input_ids``: LongTensor [1, prompt_len]; ``past_key_values`` as for ``generate``)."""
+    if past_key_values is not None:
+        options["prefix"] = _prefix_of(past_key_values, input_ids, None)
     return Stream(make_decoder(model, input_ids, max_new_tokens, method, **options))
 
 
@@ -85,7 +99,8 @@ def generate(model, input_ids=None, max_new_tokens=_UNSET, method: str = "lookah
              attention_mask=None, generation_config: GenerationConfig | None = None,
              streamer=None, stop_strings=None, tokenizer=None, logits_processor=None,
              stopping_criteria=None, prefix_allowed_tokens_fn=None,
-             batched: bool | None = None, **kwargs):
+             batched: bool | None = None, past_key_values: Cache | None = None,
+             cache: Cache | None = None, **kwargs):
     """Decode ``input_ids`` (LongTensor [B, W]) with ``method``; returns a ``GenerationResult``.
 
     Takes what ``model.generate`` takes -- ``**tokenizer(texts, return_tensors="pt")``
@@ -105,6 +120,11 @@ def generate(model, input_ids=None, max_new_tokens=_UNSET, method: str = "lookah
     another (False); None: together on an accelerator, apart on the CPU. Apart, each row's
     tokens are exactly those it gets alone; together, a batched pass may round a near-tie
     differently in low precision, as ``model.generate``'s own batches do.
+    ``past_key_values`` (or ``cache``, its name since transformers 5.24; batch of one): a
+    cache holding the KV entries of ``input_ids``' first
+    tokens, e.g. an earlier result's ``past_key_values`` when ``input_ids`` extends that
+    text (a chat's next turn); only the tokens after them are prefilled. As with
+    ``model.generate``, the cache must be of those very tokens.
     """
     if isinstance(max_new_tokens, GenerationConfig) and generation_config is None:
         generation_config, max_new_tokens = max_new_tokens, _UNSET  # model.generate's order
@@ -114,6 +134,9 @@ def generate(model, input_ids=None, max_new_tokens=_UNSET, method: str = "lookah
     check_input_ids(input_ids)
     ours = our_options()
     options = {name: kwargs.pop(name) for name in list(kwargs) if name in ours}
+    if past_key_values is not None or cache is not None:
+        options["prefix"] = _prefix_of(past_key_values if cache is None else cache, input_ids,
+                                       attention_mask)
     if "assistant_model" in kwargs:
         raise ValueError("assistant_model: use method='draft' with draft_model=<the model>")
     if max_new_tokens is not _UNSET:
@@ -139,9 +162,11 @@ def generate(model, input_ids=None, max_new_tokens=_UNSET, method: str = "lookah
                                             tokenizer=tokenizer)
     processors, sampling = split_warpers(processors, config.do_sample)
     plan = plan_rows(processors, criteria, sampling, config._pad_token_tensor, input_ids.shape[1])
-    sequences, stats = decode_batch(model, input_ids, pads, plan, method, options, streamer,
-                                    batched=batched)
-    return GenerationResult(sequences, merge_stats(stats, input_ids.shape[1]), tuple(stats))
+    sequences, stats, caches = decode_batch(model, input_ids, pads, plan, method, options,
+                                            streamer, batched=batched)
+    cache = caches[0] if len(caches) == 1 else None
+    return GenerationResult(sequences, merge_stats(stats, input_ids.shape[1]), tuple(stats),
+                            cache)
 
 
 def custom_generate(model, input_ids, logits_processor=None, stopping_criteria=None,
@@ -168,7 +193,7 @@ def custom_generate(model, input_ids, logits_processor=None, stopping_criteria=N
     for name in ("cache", "past_key_values"):
         cache = model_kwargs.pop(name, None)
         if cache is not None and cache.get_seq_length() > 0:
-            raise ValueError(f"{name}: lookahead starts from the prompt, not from a filled cache")
+            options["prefix"] = _prefix_of(cache, input_ids, attention_mask)
     for name in ("position_ids", "logits_to_keep", "use_cache", "cache_position"):
         model_kwargs.pop(name, None)  # derived from the mask, or choices about caching
     if model_kwargs:
@@ -181,11 +206,23 @@ def custom_generate(model, input_ids, logits_processor=None, stopping_criteria=N
     pad = getattr(generation_config, "_pad_token_tensor", generation_config.pad_token_id)
     plan = plan_rows(processors, stopping_criteria or [], sampling, pad, input_ids.shape[1])
     pads = left_padding(input_ids, attention_mask)
-    sequences, _ = decode_batch(model, input_ids, pads, plan, method, options, streamer,
+    sequences, _, _ = decode_batch(model, input_ids, pads, plan, method, options, streamer,
                                 put_prompt=False)  # model.generate has put the prompt
     if generation_config.return_dict_in_generate:
         return GenerateDecoderOnlyOutput(sequences=sequences)
     return sequences
+
+
+def _prefix_of(cache, input_ids: torch.Tensor, attention_mask) -> CachedPrefix:
+    """A caller's filled cache as the prefix of a one-row, unpadded ``input_ids`` [1, W]."""
+    prefix = CachedPrefix.from_cache(cache)
+    if input_ids.shape[0] != 1 or (attention_mask is not None and not bool(attention_mask.all())):
+        raise ValueError("past_key_values: a filled cache continues one unpadded sequence, got "
+                         f"input_ids of shape {list(input_ids.shape)}")
+    if not 0 < prefix.length < input_ids.shape[1]:
+        raise ValueError(f"past_key_values holds {prefix.length} positions: it must hold fewer "
+                         f"than input_ids' {input_ids.shape[1]} tokens, and at least one")
+    return prefix
 
 
 def _custom_generate_signature() -> inspect.Signature:

@@ -93,7 +93,9 @@ def decode_batch(model, input_ids: torch.Tensor, pads: list[int], plan: RowPlan,
                  batched: bool | None = None):
     """Decode every row of ``input_ids`` [B, W] (row b after its ``pads[b]`` padding tokens).
 
-    Returns (sequences [B, W + T] on ``input_ids``' device, the rows' ``GenerationStats``).
+    Returns (sequences [B, W + T] on ``input_ids``' device, the rows' ``GenerationStats``,
+    the rows' KV caches: each covers its row but the last token, None where the rows ran
+    together).
     ``streamer`` (batch of one only) gets the prompt (unless ``put_prompt`` is False), then
     each token, then ``end()``. ``batched``: rows in one forward pass per step (True), or
     one after another (False); None: together for several rows on an accelerator or where
@@ -127,7 +129,8 @@ def decode_batch(model, input_ids: torch.Tensor, pads: list[int], plan: RowPlan,
     if streamer is not None:
         streamer.end()
     rows = [decoder.new_tokens for decoder in decoders]
-    return pad_rows(input_ids, rows, plan.pad_token_id), [d.stats for d in decoders]
+    return (pad_rows(input_ids, rows, plan.pad_token_id), [d.stats for d in decoders],
+            [d.cache for d in decoders])
 
 
 @torch.inference_mode()

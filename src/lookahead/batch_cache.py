@@ -107,6 +107,21 @@ class BatchedCache:
         self.valid = torch.cat([self.valid, row_valid])
         self.positions = torch.cat([self.positions, row_positions])
 
+    def row_entries(self, row: int) -> tuple[tuple[torch.Tensor, torch.Tensor], ...] | None:
+        """Row ``row``'s valid entries in position order, per layer (keys, values), each
+        [1, H, L, D]: views where they sit in the first L columns, else copies. None when its
+        positions are not 0 .. L-1 (a text that is not one prefix)."""
+        columns = self.valid[row].nonzero().squeeze(1)
+        length = len(columns)
+        if not torch.equal(self.positions[row, columns], torch.arange(length)):
+            return None
+        if torch.equal(columns, torch.arange(length)):
+            return tuple((layer.keys[row : row + 1, :, :length],
+                          layer.values[row : row + 1, :, :length]) for layer in self.cache.layers)
+        return tuple((layer.keys[row : row + 1].index_select(2, columns.to(layer.keys.device)),
+                      layer.values[row : row + 1].index_select(2, columns.to(layer.keys.device)))
+                     for layer in self.cache.layers)
+
     def remove_rows(self, rows: list[int]) -> None:
         """Drop the given rows (finished or cancelled requests); their memory is freed."""
         if not rows:

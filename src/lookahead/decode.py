@@ -22,6 +22,7 @@ from lookahead.attention import (
 )
 from lookahead.cache import cache_keyword, cache_length, decoding_pass, keep_new, new_cache
 from lookahead.config import SamplingConfig
+from lookahead.prefix_cache import CachedPrefix
 from lookahead.sources.memory import TextMemory
 from lookahead.proposers.base import Proposal, Proposer, StepOutcome
 from lookahead.stats import GenerationStats
@@ -104,6 +105,8 @@ class Decoder:
     (``benchmarks/forward_cost.py --times step``); None (the default) calls nothing.
     ``controls``: Hugging Face logits processors and stopping criteria applied at every
     verified position (``lookahead.controls.Controls``); None: plain logits, EOS and limit.
+    ``prefix``: the KV entries of the prompt's first tokens, computed before
+    (``lookahead.prefix_cache``): the prefill runs only the tokens after them.
     """
 
     def __init__(
@@ -121,6 +124,7 @@ class Decoder:
         step_tokens: int | None = None,
         observer: Callable[[str], None] | None = None,
         controls=None,
+        prefix: CachedPrefix | None = None,
     ) -> None:
         self.model = model
         self.observer = observer
@@ -132,6 +136,7 @@ class Decoder:
         self.eos_token_ids = frozenset(eos_token_ids)
         self.generator = generator
         self.memory = memory
+        self.prefix = prefix
         self.cache = new_cache()
         self.cache_keyword = cache_keyword(model)  # "cache" or "past_key_values"
         self.prompt = input_ids[0].tolist()
@@ -157,34 +162,52 @@ class Decoder:
     def new_tokens(self) -> list[int]:
         return self.context[len(self.prompt) :]
 
+    @property
+    def reused(self) -> int:
+        """How many of the prompt's first tokens ``prefix`` holds (at most all but the last,
+        whose logits the prefill must compute)."""
+        if self.prefix is None:
+            return 0
+        return min(self.prefix.length, len(self.prompt) - 1)
+
     @torch.inference_mode()
     def prefill(self, length: int | None = None) -> list[int]:
         """Run the prompt once (its KV stays cached for good) and choose the first token.
 
-        ``length``: feed the prompt right-padded to this many tokens (the server keeps the
-        shapes of its forward passes few, see ``lookahead.server.shapes``). Causal attention
-        keeps the prompt's entries and logits free of the padding, whose entries are dropped.
-        It is capped where it would change the prompt's rotary factors or overrun positions.
+        With a ``prefix``, its entries are copied into the cache and only the prompt's tokens
+        after it are run. ``length``: feed those right-padded to this many tokens (the server
+        keeps the shapes of its forward passes few, see ``lookahead.server.shapes``). Causal
+        attention keeps the prompt's entries and logits free of the padding, whose entries
+        are dropped. It is capped where it would change the prompt's rotary factors or overrun
+        positions.
         """
-        length = self._padded_length(length)
-        ids = torch.tensor([self.prompt + self.prompt[-1:] * (length - len(self.prompt))],
-                           dtype=torch.long, device=self.model.device)
-        last = len(self.prompt) - 1
-        keep = 1 if length == len(self.prompt) else torch.tensor([last], device=ids.device)
+        start = self.reused
+        if start:
+            self.cache = CachedPrefix(start, tuple(
+                (k[:, :, :start], v[:, :, :start]) for k, v in self.prefix.layers)).to_cache()
+        fed = self.prompt[start:]
+        length = self._padded_length(length, start)
+        ids = torch.tensor([fed + fed[-1:] * (length - len(fed))], dtype=torch.long,
+                           device=self.model.device)
+        keep = 1 if length == len(fed) else torch.tensor([len(fed) - 1], device=ids.device)
         out = self._run_model(input_ids=ids, logits_to_keep=keep)
         keep_new(self.cache, len(self.prompt), [])  # drops the padding's entries, if any
+        self.prefix = None  # copied: the stored entries may go
+        self.stats.cached_prompt_tokens = start
         token = choose(self._scores(out.logits[0, -1:])[0], self.sampling, self.generator)
         self.stats.record_step(forward_tokens=length, proposed=0, accepted=0)
         self.proposer.start(self.prompt)
         return self._commit([token])
 
-    def _padded_length(self, length: int | None) -> int:
-        n = len(self.prompt)
+    def _padded_length(self, length: int | None, start: int = 0) -> int:
+        """How many tokens the prefill feeds after the ``start`` reused ones: ``length``
+        where that stays inside the rotary factors and positions of the prompt."""
+        n = len(self.prompt) - start
         if length is None or length <= n:
             return n
         for limit in (self.rope_switch, self.position_limit):
-            if limit is not None and n <= limit:
-                length = min(length, limit)
+            if limit is not None and start + n <= limit:
+                length = min(length, limit - start)
         return length
 
     @torch.inference_mode()

@@ -22,6 +22,7 @@ from lookahead.config import (
 )
 from lookahead.decode import Decoder
 from lookahead.kernels.packing import packing_of
+from lookahead.prefix_cache import CachedPrefix
 from lookahead.profiles import find_shape
 from lookahead.proposers.base import NoProposer, Proposer, ProposerInputs, vocab_size
 from lookahead.sources.datastore import Datastore
@@ -34,13 +35,17 @@ GIVEN_SOURCE = "given"
 
 
 def make_decoder(model, input_ids, max_new_tokens, method, *, controls=None,
-                 **options) -> Decoder:
+                 prefix: CachedPrefix | None = None, **options) -> Decoder:
     """Validate every argument and build the per-request ``Decoder``.
 
     input_ids: LongTensor [1, prompt_len]; ``options``: the method's options
     (``MethodSpec.options``), the sampling options and ``eos_token_id``; ``controls``: logits
-    processors and stopping criteria (``lookahead.controls.Controls``).
+    processors and stopping criteria (``lookahead.controls.Controls``); ``prefix``: the KV
+    entries of the prompt's first tokens, computed before (``lookahead.prefix_cache``).
     """
+    if prefix is not None and not isinstance(prefix, CachedPrefix):
+        raise TypeError(f"prefix must be a lookahead.prefix_cache.CachedPrefix or None, got "
+                        f"{describe(prefix)}")
     check_inputs(model, input_ids, max_new_tokens)
     spec = method_spec(method)
     eos = options.pop("eos_token_id", None)
@@ -78,6 +83,7 @@ def make_decoder(model, input_ids, max_new_tokens, method, *, controls=None,
         memory=memory,
         step_tokens=step_tokens,
         controls=controls,
+        prefix=prefix,
     )
     decoder.stats.shape_source = shape_source
     return decoder

@@ -16,7 +16,8 @@ class GenerationStats:
     ``accepted_per_position[k]`` counts the steps that accepted at least k + 1 tokens.
     ``shape_source`` (lookahead only, else None): what chose the window, ngram and guess --
     the tuning profile's path, "default" (no profile: the untuned shape) or "given" (the
-    caller's window).
+    caller's window). ``cached_prompt_tokens``: the prompt's first tokens whose KV entries
+    came from an earlier text (``lookahead.prefix_cache``), not from this prefill.
     """
 
     method: str
@@ -30,6 +31,7 @@ class GenerationStats:
     forward_tokens_per_step: list[int] = field(default_factory=list)
     accepted_per_position: list[int] = field(default_factory=list)
     shape_source: str | None = None
+    cached_prompt_tokens: int = 0
 
     def record_step(self, forward_tokens: int, proposed: int, accepted: int) -> None:
         """Count one forward pass that proposed ``proposed`` tokens and accepted ``accepted``."""

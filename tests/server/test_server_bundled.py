@@ -24,13 +24,18 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")
-def client():
+def bundled():
     try:
         model, tokenizer = lookahead.load_model(MODEL)
     except ModelNotAvailableError as error:  # the test command installs it
         pytest.skip(str(error))
     assert model.config._attn_implementation == "lookahead_invariant"
-    engine = Engine(model, tokenizer, EngineConfig(warm_up=False)).start()
+    return model, tokenizer
+
+
+@pytest.fixture(scope="module")
+def client(bundled):
+    engine = Engine(*bundled, EngineConfig(warm_up=False)).start()
     with ServerThread(create_app(engine, ServerSettings(MODEL, "lookahead", {}))) as server:
         yield openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0)
     engine.stop()
@@ -53,3 +58,40 @@ def test_greedy_text_alone_equals_greedy_text_among_eight(client) -> None:
     with ThreadPoolExecutor(8) as pool:
         together = list(pool.map(ask, range(8)))
     assert all(alone) and together == alone
+
+
+def _converse(url: str, conversations: list[list[str]]) -> list[str]:
+    """The conversations played turn by turn, interleaved, each turn sending the whole
+    conversation so far (as every chat client does); every answer, in the order asked."""
+    client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0)
+    histories: list[list[dict]] = [[] for _ in conversations]
+    answers = []
+    for turn in range(max(map(len, conversations))):
+        for questions, history in zip(conversations, histories):
+            history.append({"role": "user", "content": questions[turn]})
+            reply = client.chat.completions.create(model=MODEL, messages=history, max_tokens=24,
+                                                   temperature=0)
+            history.append({"role": "assistant", "content": reply.choices[0].message.content})
+            answers.append(reply.choices[0].message.content)
+    return answers
+
+
+def test_conversations_read_the_same_with_the_prefix_cache_on_and_off(bundled) -> None:
+    """Two 5-turn chats that open with the same question, turn by turn: each turn reuses the
+    KV entries of the last (or of the other chat's first turn), with a budget that holds one
+    chat and not two, so that entries are evicted on the way; every answer is the answer of a
+    server that prefills every prompt whole."""
+    questions = [p.text for p in load_prompts("mtbench", limit=9)]
+    chats = [questions[:5], questions[:1] + questions[5:9]]
+    model, tokenizer = bundled
+    answers, hits = {}, {}
+    for budget in (0, 12 << 20):
+        engine = Engine(model, tokenizer, EngineConfig(warm_up=False,
+                                                       prefix_cache_bytes=budget)).start()
+        app = create_app(engine, ServerSettings(MODEL, "lookahead", {}))
+        with ServerThread(app) as server:
+            answers[budget] = _converse(server.url, chats)
+        hits[budget] = engine.metrics.prefix_hits.value(MODEL)
+        engine.stop()
+    assert all(answers[0]) and answers[12 << 20] == answers[0]
+    assert hits[0] == 0 and hits[12 << 20] > 0

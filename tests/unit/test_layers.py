@@ -112,3 +112,19 @@ def test_find_cycle_finds_one():
     graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}
     assert find_cycle(graph) == ["a", "b", "c", "a"]
     assert find_cycle({"a": {"b"}, "b": set()}) is None
+
+
+def test_functions_fit_on_a_screen_and_files_do_one_job() -> None:
+    """No function over 80 lines (decorators and docstring included), no module over 500."""
+    long_functions, long_files = [], []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        text = path.read_text()
+        if len(text.splitlines()) > 500:
+            long_files.append(f"{path.relative_to(PACKAGE)}: {len(text.splitlines())} lines")
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                start = min([node.lineno, *(d.lineno for d in node.decorator_list)])
+                if node.end_lineno - start + 1 > 80:
+                    long_functions.append(f"{path.relative_to(PACKAGE)}:{start} {node.name} "
+                                          f"({node.end_lineno - start + 1} lines)")
+    assert long_functions == [] and long_files == []

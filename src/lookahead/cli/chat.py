@@ -27,6 +27,9 @@ from lookahead.cli.options import add_max_new_tokens, add_method_args, add_model
 from lookahead.detokenize import Detokenizer
 
 PROMPT = "[bold green]>>>[/] "
+# Memory for the conversation's KV entries, kept between turns so that each turn prefills
+# only what is new: the template's rendering of the last answer and the new message.
+CONVERSATION_CACHE_BYTES = 4 << 30
 MULTI_TOKEN_STYLE = "blue"
 
 
@@ -51,6 +54,7 @@ def run(args: argparse.Namespace) -> int:
     # Imported here, after parsing: they load torch and transformers.
     from lookahead.cli.loading import load
     from lookahead.models.load import chat_prompt
+    from lookahead.prefix_cache import PrefixCache
 
     console = Console(highlight=False, soft_wrap=True)
     with console.status(f"loading {args.model} ..."):
@@ -61,6 +65,7 @@ def run(args: argparse.Namespace) -> int:
         "/reset clears the conversation, /quit or Ctrl-D leaves, Ctrl-C stops an answer."
     )
     messages: list[dict[str, str]] = []
+    prefixes = PrefixCache(CONVERSATION_CACHE_BYTES)
     while True:
         try:
             text = read_line(console, PROMPT).strip()
@@ -71,6 +76,7 @@ def run(args: argparse.Namespace) -> int:
             return 0
         if text == "/reset":
             messages.clear()
+            prefixes.clear()
             console.print("[dim](conversation cleared)[/]")
             continue
         if not text:
@@ -83,9 +89,22 @@ def run(args: argparse.Namespace) -> int:
             console.print("[red]The conversation fills the model's context: /reset to go on.[/]")
             continue
         budget = min(args.max_new_tokens, room)
-        stream = lookahead.stream(model, input_ids, budget, args.method, **options)
+        stream = lookahead.stream(model, input_ids, budget, args.method, **options,
+                                  prefix=prefixes.lookup(input_ids[0].tolist()))
         answer = answer_turn(console, tokenizer, stream, debug=args.debug)
         messages.append({"role": "assistant", "content": answer})
+        remember(prefixes, stream)
+
+
+def remember(prefixes, stream) -> None:
+    """Keep the KV entries of the text ``stream`` decoded (all but its last token) for the
+    next turn, unless Ctrl-C stopped it in the middle of a step."""
+    from lookahead.prefix_cache import entries_of
+
+    text = stream.sequences[0].tolist()
+    entries = entries_of(stream.past_key_values)
+    if len(text) > 1 and entries and entries[0][0].shape[2] == len(text) - 1:
+        prefixes.store(text[:-1], entries)
 
 
 def read_line(console: Console, prompt: str) -> str:

@@ -26,7 +26,6 @@ Threads: the HTTP side calls ``submit`` (any thread) and reads the request's eve
 from __future__ import annotations
 
 import asyncio
-import ctypes
 import itertools
 import logging
 import threading
@@ -39,7 +38,9 @@ import torch
 from lookahead.decode import Decoder, StepPlan, longrope_switch
 from lookahead.batch_cache import BatchedCache
 from lookahead.server.budget import BudgetPolicy
+from lookahead.server.heap import release_free_memory
 from lookahead.detokenize import Detokenizer
+from lookahead.prefix_cache import PrefixCache, entries_of
 from lookahead.server.engine_config import EngineConfig
 from lookahead.server.metrics import ServerMetrics
 from lookahead.server.requests import (
@@ -66,23 +67,6 @@ logger = logging.getLogger(__name__)
 _IDLE_WAIT_S = 0.5
 
 
-def release_free_memory() -> None:
-    """Give freed heap memory back to the OS (glibc keeps freed mid-sized blocks otherwise, so
-    the resident size would stay at its peak after a burst of long requests)."""
-    libc = _libc()
-    if libc is not None:
-        libc.malloc_trim(0)
-
-
-def _libc():
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-        libc.malloc_trim.argtypes = [ctypes.c_size_t]
-        return libc
-    except (OSError, AttributeError):  # not glibc
-        return None
-
-
 class Engine:
     """Continuous batching of ``Decoder`` requests over one model, on one thread: a new one
     (``start``) or the caller's (``run``, which a server should prefer: see there).
@@ -100,11 +84,15 @@ class Engine:
         self.model = model
         self.tokenizer = tokenizer
         self.config = config or EngineConfig()
+        # KV entries of earlier texts by their tokens (None: off); this thread alone uses it.
+        self.prefixes = (PrefixCache(self.config.prefix_cache_bytes)
+                         if self.config.prefix_cache_bytes else None)
         self.metrics = metrics or ServerMetrics(
             model_name if model_name is not None else getattr(model, "name_or_path", ""),
             running=lambda: self.running_count,
             waiting=lambda: self.waiting_count,
             cache_columns=lambda: self._cache.columns,
+            prefix_bytes=lambda: self.prefixes.nbytes if self.prefixes is not None else 0,
         )
         self._wakeup = threading.Condition()
         self._waiting: deque[EngineRequest] = deque()
@@ -306,14 +294,17 @@ class Engine:
         """Run the prompt alone (its first token) and add its cache as a row; False when the
         request ended there (done at its first token, or failed)."""
         try:
-            prompt = len(request.decoder.prompt)
-            committed = request.decoder.prefill(
-                prefill_length(prompt) if self.config.prefill_buckets else None
-            )
-            self.metrics.prompt_tokens.inc(prompt)
+            decoder = request.decoder
+            self._reuse_prefix(decoder)
+            fed = len(decoder.prompt) - decoder.reused
+            committed = decoder.prefill(prefill_length(fed) if self.config.prefill_buckets
+                                        else None)
+            self.metrics.prompt_tokens.inc(fed)
+            if self.prefixes is not None:  # later prompts that start the same way reuse it
+                self.prefixes.store(decoder.prompt, entries_of(decoder.cache))
             if self._deliver(request, committed):
                 return False
-            self._cache.add_row(request.decoder.cache)
+            self._cache.add_row(decoder.cache)
         except Exception as error:
             logger.exception("prefill of %s failed", request.handle.id)
             self._fail(request, error)
@@ -325,6 +316,25 @@ class Engine:
         request.decoder.cache = None  # the batch owns the entries now
         self._running.append(request)
         return True
+
+    def _reuse_prefix(self, decoder: Decoder) -> None:
+        """Give ``decoder`` the longest stored prefix of its prompt, counting the query."""
+        if self.prefixes is None or decoder.prefix is not None:
+            return
+        decoder.prefix = self.prefixes.lookup(decoder.prompt)
+        name = self.metrics.model_name
+        self.metrics.prefix_queries.inc(len(decoder.prompt), name)
+        self.metrics.prefix_hits.inc(decoder.reused, name)
+
+    def _remember(self, rows: list[int]) -> None:
+        """Store the KV entries of the texts of finished ``rows`` (all but their last token,
+        which no pass has fed yet) for the prompts that will extend them: a chat's next turn
+        sends the whole conversation again."""
+        for row in rows:
+            decoder = self._running[row].decoder
+            entries = self._cache.row_entries(row)
+            if entries is not None and entries[0][0].shape[2] == len(decoder.context) - 1:
+                self.prefixes.store(decoder.context[:-1], entries)
 
     def _step(self) -> None:
         started = time.perf_counter()
@@ -351,6 +361,8 @@ class Engine:
         logger.debug("step: %d requests x %d tokens (share %d) over %d cached columns: "
                      "%d tokens in %.1f ms", len(plans), batch.width, budget,
                      self._cache.columns - batch.width, sum(committed), seconds * 1e3)
+        if self.prefixes is not None:
+            self._remember(done)
         self._remove(done)
         cache = self._cache
         if cache.columns >= self.config.compact_min_columns and cache.wasted() > self.config.compact_waste:

@@ -36,6 +36,8 @@ class EngineConfig:
         go on. None: no limit.
     max_model_len: the longest text (prompt + new tokens) served, below the model's own
         context (``Engine.context_length``); None: the model's.
+    prefix_cache_bytes: memory for the KV entries of earlier texts (``PrefixCache``): a
+        prompt that starts as one of them did prefills only the rest. 0 turns it off.
     """
 
     step_token_budget: int = 64
@@ -50,6 +52,7 @@ class EngineConfig:
     warm_up: bool = False
     request_timeout: float | None = None
     max_model_len: int | None = None
+    prefix_cache_bytes: int = 0
 
     def __post_init__(self) -> None:
         check_int("step_token_budget", self.step_token_budget, 1, 1 << 16)
@@ -65,5 +68,6 @@ class EngineConfig:
                 isinstance(self.request_timeout, (int, float)) and self.request_timeout > 0):
             raise ValueError(f"request_timeout must be a number of seconds > 0 or None, got "
                              f"{self.request_timeout!r}")
+        check_int("prefix_cache_bytes", self.prefix_cache_bytes, 0, 1 << 50)
         if self.max_model_len is not None:
             check_int("max_model_len", self.max_model_len, 2, 1 << 30)

@@ -74,7 +74,7 @@ class ServerMetrics:
     """
 
     def __init__(self, model_name: str = "", running=lambda: 0, waiting=lambda: 0,
-                 cache_columns=lambda: 0) -> None:
+                 cache_columns=lambda: 0, prefix_bytes=lambda: 0) -> None:
         self.registry = registry = prom.CollectorRegistry()
         prom.ProcessCollector(registry=registry)
         self.model_name = model_name
@@ -120,7 +120,14 @@ class ServerMetrics:
         self.vllm_accepted_per_pos = Counter(registry, v + "num_accepted_tokens_per_pos",
                                              "Accepted tokens per draft position.",
                                              ("model_name", "position"))
+        self.prefix_queries = Counter(registry, "vllm:prefix_cache_queries", "Prefix cache "
+                                      "queries, in terms of number of queried tokens.",
+                                      ("model_name",))
+        self.prefix_hits = Counter(registry, "vllm:prefix_cache_hits", "Prefix cache hits, in "
+                                   "terms of number of cached tokens.", ("model_name",))
         for name, help_text, source in (
+            (p + "prefix_cache_bytes", "Memory held by the prefix cache's entries.",
+             prefix_bytes),
             (p + "num_requests_running", "Requests in the batch.", running),
             (p + "num_requests_waiting", "Requests waiting for a batch slot.", waiting),
             (p + "kv_cache_columns", "Columns of the batched KV cache.", cache_columns),

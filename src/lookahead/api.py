@@ -73,10 +73,11 @@ def stream(model, input_ids, max_new_tokens: int = 256, method: str = "lookahead
     return Stream(make_decoder(model, input_ids, max_new_tokens, method, **options))
 
 
-def make_decoder(model, input_ids, max_new_tokens, method, *, controls=None,
+def make_decoder(model, input_ids, max_new_tokens, method, *, controls=None, logprobs=None,
                  **options) -> Decoder:
     """Validate every argument and build the per-request ``Decoder`` (``controls``: logits
-    processors and stopping criteria, see ``lookahead.controls``)."""
+    processors and stopping criteria, see ``lookahead.controls``; ``logprobs``: see
+    ``Decoder``)."""
     _check_inputs(model, input_ids, max_new_tokens)
     if method not in METHODS:
         raise ValueError(f"method must be one of {', '.join(METHODS)}; got {method!r}")
@@ -114,6 +115,7 @@ def make_decoder(model, input_ids, max_new_tokens, method, *, controls=None,
         memory=memory,
         step_tokens=step_tokens,
         controls=controls,
+        logprobs=logprobs,
     )
     decoder.stats.shape_source = shape_source
     return decoder

@@ -29,6 +29,8 @@ from transformers.generation.stopping_criteria import (
     StoppingCriteriaList,
 )
 
+from lookahead.penalties import PresenceFrequencyPenalty
+
 # Processors that treat every row of a call on its own, keeping no state between calls: the
 # rows of a tree at one depth go through them in one call. Any other processor is called once
 # per tree node with a batch of one, as transformers' own assisted decoding calls it.
@@ -40,6 +42,7 @@ ROW_WISE = (
     lp.ForcedBOSTokenLogitsProcessor, lp.ForcedEOSTokenLogitsProcessor,
     lp.InfNanRemoveLogitsProcessor, lp.ExponentialDecayLengthPenalty, lp.LogitNormalization,
     lp.SuppressTokensAtBeginLogitsProcessor, lp.SuppressTokensLogitsProcessor,
+    PresenceFrequencyPenalty,
 )
 
 # Processors that run the model themselves or keep per-sequence state across calls: they

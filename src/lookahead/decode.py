@@ -23,6 +23,7 @@ from lookahead.attention import (
 from lookahead.cache import cache_keyword, cache_length, decoding_pass, keep_new, new_cache
 from lookahead.config import SamplingConfig
 from lookahead.prefix_cache import CachedPrefix
+from lookahead.logprobs import TokenLogprob, check_logprobs, token_logprobs
 from lookahead.sources.memory import TextMemory
 from lookahead.proposers.base import Proposal, Proposer, StepOutcome
 from lookahead.stats import GenerationStats
@@ -107,6 +108,9 @@ class Decoder:
     verified position (``lookahead.controls.Controls``); None: plain logits, EOS and limit.
     ``prefix``: the KV entries of the prompt's first tokens, computed before
     (``lookahead.prefix_cache``): the prefill runs only the tokens after them.
+    ``logprobs``: k (0-20) records each committed token's log-probability and the k most
+    likely tokens at its position in ``token_logprobs`` (``lookahead.logprobs``: the scores
+    after ``controls``, before temperature); None (the default) records nothing, at no cost.
     """
 
     def __init__(
@@ -125,8 +129,11 @@ class Decoder:
         observer: Callable[[str], None] | None = None,
         controls=None,
         prefix: CachedPrefix | None = None,
+        logprobs: int | None = None,
     ) -> None:
         self.model = model
+        self.logprobs = check_logprobs(logprobs)
+        self.token_logprobs: list[TokenLogprob] = []  # one per committed token, if asked
         self.observer = observer
         self.controls = controls
         self.step_tokens = step_tokens
@@ -194,10 +201,11 @@ class Decoder:
         keep_new(self.cache, len(self.prompt), [])  # drops the padding's entries, if any
         self.prefix = None  # copied: the stored entries may go
         self.stats.cached_prompt_tokens = start
-        token = choose(self._scores(out.logits[0, -1:])[0], self.sampling, self.generator)
+        scores = self._scores(out.logits[0, -1:])
+        token = choose(scores[0], self.sampling, self.generator)
         self.stats.record_step(forward_tokens=length, proposed=0, accepted=0)
         self.proposer.start(self.prompt)
-        return self._commit([token])
+        return self._note_logprobs(scores, [0], self._commit([token]))
 
     def _padded_length(self, length: int | None, start: int = 0) -> int:
         """How many tokens the prefill feeds after the ``start`` reused ones: ``length``
@@ -266,12 +274,13 @@ class Decoder:
         """
         tree, proposal = plan.tree, plan.proposal
         # 3. Verify: the longest acceptable root path, then a bonus or recovered token.
-        verdict = self._verify(tree, self._scores(logits[: len(tree)], tree), proposal)
+        scores = self._scores(logits[: len(tree)], tree)
+        verdict = self._verify(tree, scores, proposal)
         observer = self.observer
         if observer is not None:
             observer("verify")
         # 4. Accept: commit the tokens, stopping at EOS or at max_new_tokens.
-        committed = self._commit(verdict.tokens)
+        committed = self._note_logprobs(scores, [0] + verdict.nodes, self._commit(verdict.tokens))
         accepted = min(len(verdict.nodes), len(committed))  # none count past an EOS or the limit
         fed = plan.layout.input_ids.shape[1]
         self.stats.record_step(fed, len(tree) - 1, accepted)
@@ -306,8 +315,9 @@ class Decoder:
         self._rope_cached_at = len(self.context)
         ids = torch.tensor([self.context], dtype=torch.long, device=self.model.device)
         out = self._run_model(input_ids=ids, logits_to_keep=1)
-        token = choose(self._scores(out.logits[0, -1:])[0], self.sampling, self.generator)
-        committed = self._commit([token])
+        scores = self._scores(out.logits[0, -1:])
+        token = choose(scores[0], self.sampling, self.generator)
+        committed = self._note_logprobs(scores, [0], self._commit([token]))
         self.stats.record_step(len(self.context), 0, 0)
         self.proposer.update(self.context, StepOutcome(committed, 0, None))
         return committed
@@ -335,6 +345,15 @@ class Decoder:
         if self.controls is None:
             return logits
         return self.controls.scores(self.context, tree, logits)
+
+    def _note_logprobs(self, scores: torch.Tensor, rows: list[int], committed: list[int]
+                       ) -> list[int]:
+        """Record the log-probabilities of ``committed`` (if asked), token i chosen from row
+        ``rows[i]`` of ``scores`` [R, V]; return ``committed``."""
+        if self.logprobs is not None and committed:
+            chosen = scores[rows[: len(committed)]]
+            self.token_logprobs += token_logprobs(chosen, committed, self.logprobs)
+        return committed
 
     def _run_model(self, **inputs):
         """One forward pass through the request's cache."""

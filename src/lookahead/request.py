@@ -35,13 +35,16 @@ GIVEN_SOURCE = "given"
 
 
 def make_decoder(model, input_ids, max_new_tokens, method, *, controls=None,
-                 prefix: CachedPrefix | None = None, **options) -> Decoder:
+                 prefix: CachedPrefix | None = None, logprobs: int | None = None,
+                 **options) -> Decoder:
     """Validate every argument and build the per-request ``Decoder``.
 
     input_ids: LongTensor [1, prompt_len]; ``options``: the method's options
     (``MethodSpec.options``), the sampling options and ``eos_token_id``; ``controls``: logits
     processors and stopping criteria (``lookahead.controls.Controls``); ``prefix``: the KV
-    entries of the prompt's first tokens, computed before (``lookahead.prefix_cache``).
+    entries of the prompt's first tokens, computed before (``lookahead.prefix_cache``);
+    ``logprobs``: record each committed token's log-probability and this many alternatives
+    (see ``Decoder``).
     """
     if prefix is not None and not isinstance(prefix, CachedPrefix):
         raise TypeError(f"prefix must be a lookahead.prefix_cache.CachedPrefix or None, got "
@@ -84,6 +87,7 @@ def make_decoder(model, input_ids, max_new_tokens, method, *, controls=None,
         step_tokens=step_tokens,
         controls=controls,
         prefix=prefix,
+        logprobs=logprobs,
     )
     decoder.stats.shape_source = shape_source
     return decoder

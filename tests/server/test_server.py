@@ -194,7 +194,14 @@ def test_client_that_gives_up_on_a_whole_answer_is_cancelled(served) -> None:
         ({"temperature": 3.0}, "temperature"),
         ({"top_p": 0}, "top_p"),
         ({"max_tokens": 0}, "max_tokens"),
-        ({"n": 2}, "n"),
+        ({"n": 0}, "n"),
+        ({"n": 129}, "n"),
+        ({"logprobs": 21}, "logprobs"),
+        ({"presence_penalty": 2.5}, "presence_penalty"),
+        ({"logit_bias": {"x": 1}}, "logit_bias"),
+        ({"logit_bias": {"10000": 1}}, "logit_bias"),
+        ({"echo": True}, "echo"),
+        ({"best_of": 3}, "best_of"),
         ({"lookahead": {"method": "nope"}}, "lookahead.method"),
         ({"lookahead": {"window": 0}}, "lookahead.window"),
         ({"lookahead": {"method": "prompt_lookup", "window": 3}}, "lookahead"),
@@ -233,12 +240,13 @@ def test_bad_requests_are_400_naming_the_field(served, change, param) -> None:
         ({"functions": [{"name": "f"}]}, "functions"),
         ({"tool_choice": "required"}, "tool_choice"),
         ({"function_call": "auto"}, "function_call"),
-        ({"logprobs": True}, "logprobs"),
         ({"top_logprobs": 2}, "top_logprobs"),
+        ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
     ],
 )
 def test_chat_fields_the_engine_cannot_honour_are_400(served, change, param) -> None:
-    """A client that asks for JSON or a tool call must not get free text it cannot parse."""
+    """A client that asks for JSON or a tool call must not get free text it cannot parse;
+    top_logprobs needs logprobs, and at most 20."""
     body = {"model": MODEL, "messages": [{"role": "user", "content": "w1"}], "max_tokens": 4,
             "temperature": 0, **change}
     response = httpx.post(served[0].url + "/v1/chat/completions", json=body, timeout=30)

@@ -84,7 +84,7 @@ MALFORMED = [
     (C, _with(BASE, seed=-1), 400, "seed"),
     (C, _with(BASE, seed="1"), 400, "seed"),
     (C, _with(BASE, seed=2**64), 400, "seed"),
-    (C, _with(BASE, n=2), 400, "n"),
+    (C, _with(BASE, n=0), 400, "n"),
     (C, _with(BASE, n="1"), 400, "n"),
     (C, _with(BASE, stop=["a", "b", "c", "d", "e"]), 400, "stop"),
     (C, _with(BASE, stop="x" * 300), 400, "stop"),
@@ -104,10 +104,10 @@ MALFORMED = [
     (C, _with(BASE, lookahead={"method": 5}), 400, "lookahead.method"),
     (C, _with(BASE, lookahead={"ignore_eos": "yes"}), 400, "lookahead.ignore_eos"),
     (C, _with(BASE, lookahead={"method": "lookahead", "window": "4"}), 400, "lookahead.window"),
-    (C, _with(BASE, logit_bias={"1": 5}), 400, "logit_bias"),
-    (C, _with(BASE, presence_penalty=1), 400, "presence_penalty"),
+    (C, _with(BASE, logit_bias={"1": 500}), 400, "logit_bias"),
+    (C, _with(BASE, presence_penalty=3), 400, "presence_penalty"),
     (C, _with(BASE, echo=True), 400, "echo"),
-    (C, _with(BASE, logprobs=1), 400, "logprobs"),
+    (C, _with(BASE, logprobs=-1), 400, "logprobs"),
     (C, _with(BASE, suffix="x"), 400, "suffix"),
     (C, _with(BASE, best_of=2), 400, "best_of"),
     (H, b"null", 400, None),
@@ -152,7 +152,8 @@ JSON_VALUES = st.recursive(
     max_leaves=12,
 )
 FIELDS = ["model", "prompt", "max_tokens", "temperature", "top_p", "top_k", "n", "stream",
-          "stream_options", "stop", "seed", "lookahead", "messages", "logit_bias", "echo"]
+          "stream_options", "stop", "seed", "lookahead", "messages", "logit_bias", "echo",
+          "logprobs", "top_logprobs", "presence_penalty", "repetition_penalty"]
 
 
 @settings(max_examples=80, deadline=None, derandomize=True,

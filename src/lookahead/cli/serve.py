@@ -14,6 +14,7 @@ import contextlib
 import ipaddress
 import logging
 import os
+import re
 import signal
 import threading
 import time
@@ -109,6 +110,10 @@ def _add_limit_args(serve: argparse.ArgumentParser) -> None:
                         "loopback address accepts only localhost, 127.0.0.1 and [::1] (a "
                         "guard against DNS rebinding); on another address, only the names "
                         "given here if any ('*': any name)")
+    access.add_argument("--cors-origins", type=_origins, default=(), metavar="ORIGINS",
+                        help="comma-separated web origins (https://app.example:8443; '*': any) "
+                        "whose pages may call the API from a browser (default: none, and no "
+                        "CORS headers at all)")
     limits = serve.add_argument_group("limits")
     limits.add_argument("--max-model-len", type=int_in(2, 1 << 30), metavar="N",
                         help="the longest text served, prompt and answer (default: the "
@@ -185,7 +190,7 @@ def run_serve(args: argparse.Namespace) -> int:
         max_body_bytes=args.max_body_bytes, max_prompt_chars=args.max_prompt_chars,
         max_tokens=args.max_tokens,
         memory="shared" if args.shared_memory else "per-key" if args.memory else None,
-        health_stall_s=args.health_stall_timeout)
+        health_stall_s=args.health_stall_timeout, cors_origins=args.cors_origins)
     if settings.shares_memory:
         logger.warning("one --memory for all clients: each can probe the others' texts through "
                        "its own speed; use --api-key to keep them apart")
@@ -245,6 +250,19 @@ def _api_keys(args: argparse.Namespace) -> tuple[str, ...]:
         if not key or not key.isascii() or not key.isprintable() or " " in key:
             raise UsageError("--api-key", "a key must be printable ASCII without spaces")
     return tuple(keys)
+
+
+def _origins(value: str) -> tuple[str, ...]:
+    """--cors-origins: "*" or scheme://host[:port] each, no path (as browsers send Origin)."""
+    origins = tuple(part.strip() for part in value.split(",") if part.strip())
+    for origin in origins:
+        if origin != "*" and not re.fullmatch(r"https?://[^/\s?#]+", origin):
+            raise argparse.ArgumentTypeError(
+                f"{origin!r} is not an origin: write scheme://host[:port] (no path, no "
+                "trailing slash), or '*'")
+    if not origins:
+        raise argparse.ArgumentTypeError("give at least one origin")
+    return origins
 
 
 def _is_loopback(host: str) -> bool:

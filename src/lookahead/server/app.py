@@ -4,21 +4,26 @@ Endpoints: ``POST /v1/completions``, ``POST /v1/chat/completions`` (both streame
 ``stream`` is true), ``GET /v1/models``, ``GET /health``, ``GET /metrics`` (Prometheus text).
 
 Before an endpoint runs, ``guard.Guard`` checks the Host header, the API key and the declared
-body size. A request is then checked cheapest first, so that a flood of bad or oversized
-requests costs little: the body is read up to ``max_body_bytes``; it is parsed and its fields
-checked (strict types, in a worker thread); the model name; whether the queue has room; the
-prompt's length in characters. Only then is the prompt tokenized (chat template included) and
-the ``Decoder`` built, in the worker thread, never on the event loop, which must stay free to
-answer ``/health`` and stream other requests. Every bad argument is a 400 before anything
-reaches the engine; the request is then submitted and its events come back through its
-``RequestHandle`` (``respond.py``).
+body size (with ``cors_origins``, Starlette's ``CORSMiddleware`` sits in front of it, answering
+browsers' preflights). A request is then checked cheapest first, so that a flood of bad or
+oversized requests costs little: its ``Content-Type`` (``application/json``, else 415: a web
+page can post ``text/plain`` to a loopback server without a CORS preflight, never JSON); the
+body is read up to ``max_body_bytes``; it is parsed and its fields checked (strict types, in a
+worker thread); the model name; whether the queue has room for its ``n`` choices; the prompt's
+length in characters. Only then is the prompt tokenized (chat template included) and the
+``Decoder``s built (``prepare.py``), in the worker thread, never on the event loop, which must
+stay free to answer ``/health`` and stream other requests. Every bad argument is a 400 before
+anything reaches the engine; each choice is then submitted as its own request and the events
+come back through the ``RequestHandle``s (``respond.py``).
 
 Errors use OpenAI's body ``{"error": {"message", "type", "param", "code"}}``: 400 for a bad
-request (``param`` names the field), 401 without the API key, 404 for an unknown model, 413
-for a body over the limit, 429 when the queue is full, 500 when decoding failed (the message
-names the request's id, which the log has with the traceback; it never quotes an exception),
-503 while shutting down, 504 past ``--request-timeout``. The server keeps serving after every
-one of them.
+request (``param`` names the field, ``code`` is OpenAI's: ``missing_required_parameter``,
+``invalid_type``, ``integer_above_max_value``, ``unsupported_parameter``,
+``context_length_exceeded``, ...), 401 without the API key, 404 for an unknown model, 413 for a
+body over the limit, 415 for a body that is not declared JSON, 429 when the queue is full, 500
+when decoding failed (the message names the request's id, which the log has with the
+traceback; it never quotes an exception), 503 while shutting down, 504 past
+``--request-timeout``. The server keeps serving after every one of them.
 """
 
 from __future__ import annotations
@@ -26,7 +31,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import re
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -34,20 +38,21 @@ from dataclasses import dataclass, field
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
-from jinja2 import TemplateError
 from pydantic import ValidationError
+from starlette.middleware.cors import CORSMiddleware
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
-from lookahead.request import make_decoder
 from lookahead.config import method_spec
 from lookahead.kernels.packing import packing_of
-from lookahead.models.load import chat_prompt
 from lookahead.server.engine import Engine, EngineClosedError, QueueFullError
 from lookahead.server.guard import BodyTooLargeError, Guard, read_body, too_large_error
+from lookahead.server.logprobs import LogprobFormatter
 from lookahead.server.metrics import CONTENT_TYPE
+from lookahead.server.prepare import check_prompt_size, prepare
 from lookahead.sources.memory import DEFAULT_CAPACITY, TextMemory
 from lookahead.server.protocol import (
+    ApiError,
     BodyError,
     ChatCompletionRequest,
     CompletionRequest,
@@ -59,25 +64,10 @@ from lookahead.server.respond import complete_response, stream_response
 
 logger = logging.getLogger(__name__)
 
-COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 # Characters per token that a prompt may average before it is refused untokenized (see
 # ServerSettings.max_prompt_chars): real text averages 3-5; 32 leaves room for odd text.
 PROMPT_CHARS_PER_TOKEN = 32
 MEMORY_SCOPES = ("per-key", "shared")
-
-
-class ApiError(Exception):
-    """An error answered with OpenAI's error body."""
-
-    def __init__(self, status: int, message: str, param: str | None = None,
-                 error_type: str = "invalid_request_error", code: str | None = None) -> None:
-        super().__init__(message)
-        self.status, self.message, self.param, self.type, self.code = (
-            status, message, param, error_type, code)
-
-    def response(self) -> JSONResponse:
-        return JSONResponse(error_body(self.message, self.type, self.param, self.code),
-                            status_code=self.status)
 
 
 @dataclass(frozen=True)
@@ -101,6 +91,8 @@ class ServerSettings:
     memory_capacity: tokens each memory keeps.
     health_stall_s: ``/health`` answers 503 when the engine has work and made no progress for
         this many seconds (a hung forward pass).
+    cors_origins: the web origins (``https://app.example``; ``*``: any) whose pages may call
+        the API from a browser; () sends no CORS headers at all.
     """
 
     model_name: str
@@ -115,6 +107,7 @@ class ServerSettings:
     memory: str | None = None
     memory_capacity: int = DEFAULT_CAPACITY
     health_stall_s: float = 60.0
+    cors_origins: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         method_spec(self.method)  # a ValueError naming the methods there are
@@ -182,6 +175,10 @@ def create_app(engine: Engine, settings: ServerSettings) -> FastAPI:
     app.state.engine, app.state.settings, app.state.lookahead = engine, settings, state
     app.add_middleware(Guard, allowed_hosts=settings.allowed_hosts, api_keys=settings.api_keys,
                        max_body_bytes=settings.max_body_bytes)
+    if settings.cors_origins:  # added last, so outermost: preflights never meet the key check
+        app.add_middleware(CORSMiddleware, allow_origins=list(settings.cors_origins),
+                           allow_methods=["GET", "POST"],
+                           allow_headers=["Authorization", "Content-Type"])
     _install_error_handlers(app)
 
     @app.get("/health")
@@ -235,6 +232,7 @@ async def _handle(request: Request, state: _State, chat: bool) -> Response:
     engine, settings = state.engine, state.settings
     rid = new_id("chatcmpl" if chat else "cmpl")
     request.state.request_id = rid
+    _check_content_type(request.headers.get("content-type"))
     try:
         raw = await read_body(request, settings.max_body_bytes)
     except BodyTooLargeError:
@@ -245,28 +243,67 @@ async def _handle(request: Request, state: _State, chat: bool) -> Response:
     if body.model != settings.model_name:
         raise ApiError(404, f"The model '{body.model}' does not exist; this server serves "
                        f"'{settings.model_name}'", "model", code="model_not_found")
-    limit = engine.config.max_queue
-    if engine.waiting_count + state.preparing >= limit:
-        raise ApiError(429, f"{engine.waiting_count + state.preparing} requests are already "
-                       f"waiting (max_queue={limit}); retry later", None,
-                       "rate_limit_exceeded", "queue_full")
-    _check_prompt_size(body, chat, settings.prompt_char_limit(engine.context_length))
+    limit, waiting = engine.config.max_queue, engine.waiting_count + state.preparing
+    if waiting + body.n > limit:
+        room = f"room for {body.n} choices" if body.n > 1 else "room"
+        raise ApiError(429, f"{waiting} requests are already waiting (max_queue={limit}), no "
+                       f"{room}; retry later", None, "rate_limit_exceeded", "queue_full")
+    check_prompt_size(body, chat, settings.prompt_char_limit(engine.context_length))
     memory = state.memory_for(getattr(request.state, "api_key_index", None))
-    state.preparing += 1
+    state.preparing += body.n
     try:
-        decoder, method = await state.run(_prepare, engine, settings, body, chat, memory)
-        handle = engine.submit(decoder, stop=body.stop_strings, method=method,
-                               loop=asyncio.get_running_loop(), request_id=rid)
+        decoders, method = await state.run(prepare, engine, settings, body, chat, memory)
+        handles = _submit(engine, decoders, body, method, rid)
+    finally:
+        state.preparing -= body.n
+    formatters = None
+    if body.logprob_count is not None:
+        formatters = [LogprobFormatter(engine.tokenizer, d.prompt, chat) for d in decoders]
+    if body.stream:
+        return stream_response(handles, rid, body.model, chat, body.include_usage, formatters)
+    return await complete_response(request, handles, rid, body.model, chat,
+                                   with_stats=not settings.shares_memory, formatters=formatters)
+
+
+def _submit(engine: Engine, decoders: list, body, method: str, rid: str) -> list:
+    """Submit every choice; none stays queued if one cannot be."""
+    handles = []
+    try:
+        for index, decoder in enumerate(decoders):
+            handles.append(engine.submit(
+                decoder, stop=body.stop_strings, method=method, loop=asyncio.get_running_loop(),
+                request_id=rid if len(decoders) == 1 else f"{rid}-{index}"))
     except QueueFullError as error:
+        _cancel(handles)
         raise ApiError(429, str(error), None, "rate_limit_exceeded", "queue_full") from None
     except EngineClosedError as error:
+        _cancel(handles)
         raise ApiError(503, str(error), None, "server_error") from None
-    finally:
-        state.preparing -= 1
-    if body.stream:
-        return stream_response(handle, rid, body.model, chat, body.include_usage)
-    return await complete_response(request, handle, rid, body.model, chat,
-                                   with_stats=not settings.shares_memory)
+    return handles
+
+
+def _cancel(handles: list) -> None:
+    for handle in handles:
+        handle.cancel()
+
+
+def _check_content_type(header: str | None) -> None:
+    """415 unless the body is declared ``application/json`` (charset utf-8 or none).
+
+    A web page may post ``text/plain`` (or a form) to any address without a CORS preflight;
+    refusing everything but JSON keeps such pages off a loopback server.
+    """
+    media, _, parameters = (header or "").partition(";")
+    charset = None
+    for parameter in parameters.split(";"):
+        name, _, value = parameter.partition("=")
+        if name.strip().lower() == "charset":
+            charset = value.strip().strip('"').lower()
+    if media.strip().lower() != "application/json" or charset not in (None, "utf-8", "utf8"):
+        got = f"'{header}'" if header else "none"
+        raise ApiError(415, f"the body must be JSON sent with 'Content-Type: application/json' "
+                       f"(charset utf-8 if any); got {got}", None,
+                       code="unsupported_media_type")
 
 
 def _validate(raw: bytes, model: type):
@@ -280,143 +317,18 @@ def _validate(raw: bytes, model: type):
                                 prefix=()) from None
 
 
-def _check_prompt_size(body, chat: bool, limit: int) -> None:
-    """Refuse a prompt that cannot fit before tokenizing it (tokenizing costs its length)."""
-    if chat:
-        chars = sum(len(message.text) for message in body.messages)
-        param = "messages"
-    else:
-        chars, param = len(body.prompt), "prompt"  # characters, or token ids
-        if not isinstance(body.prompt, str):
-            return  # token ids: at most the body size allows; checked against the context
-    if chars > limit:
-        raise ApiError(400, f"the prompt has {chars} characters; this server takes at most "
-                       f"{limit} (--max-prompt-chars)", param, code="context_length_exceeded")
-
-
-def _prepare(engine: Engine, settings: ServerSettings, body, chat: bool,
-             memory: TextMemory | None):
-    """Tokenize the prompt and build the request's ``Decoder`` (in the worker thread)."""
-    if chat:
-        messages = [{"role": m.role, "content": m.text} for m in body.messages]
-        try:
-            ids = chat_prompt(engine.tokenizer, messages)
-        except (ValueError, TypeError, KeyError, TemplateError) as error:  # e.g. a role it rejects
-            raise ApiError(400, f"cannot apply the chat template: {error}", "messages") from None
-    elif isinstance(body.prompt, str):
-        ids = engine.tokenizer(body.prompt, return_tensors="pt")["input_ids"]
-    else:
-        ids = _token_ids(body.prompt, engine)
-    return _decoder(engine, settings, body, ids, chat, memory)
-
-
-def _decoder(engine: Engine, settings: ServerSettings, body, input_ids, chat: bool,
-             memory: TextMemory | None):
-    """The request's ``Decoder`` and method; every invalid argument is a 400 naming its field."""
-    prompt_param = "messages" if chat else "prompt"
-    context = engine.context_length
-    prompt_len = input_ids.shape[1]
-    if prompt_len == 0:
-        raise ApiError(400, "the prompt encodes to no tokens", prompt_param)
-    if context is not None and prompt_len >= context:
-        raise ApiError(400, f"This model's maximum context length is {context} tokens; the "
-                       f"prompt has {prompt_len} tokens", prompt_param,
-                       code="context_length_exceeded")
-    asked = body.token_limit if chat else body.max_tokens
-    field = "max_completion_tokens" if chat and body.max_completion_tokens else "max_tokens"
-    if asked is not None and asked > settings.max_tokens:
-        raise ApiError(400, f"{field} is {asked}; this server writes at most "
-                       f"{settings.max_tokens} tokens per request (--max-tokens)", field)
-    room = (context - prompt_len) if context is not None else 1 << 30
-    if asked is None:  # OpenAI's defaults, under --max-tokens: 16 for completions
-        max_tokens = min(COMPLETION_DEFAULT_MAX_TOKENS if not chat else settings.max_tokens,
-                         room)
-    else:
-        max_tokens = asked
-    if context is not None and prompt_len + max_tokens > context:
-        raise ApiError(400, f"This model's maximum context length is {context} tokens; the "
-                       f"prompt has {prompt_len} tokens and {field} is {max_tokens}", field,
-                       code="context_length_exceeded")
-    method, options = _method_options(settings, body)
-    if memory is not None and method == settings.method and method_spec(method).copies_text:
-        options["memory"] = memory
-    try:
-        decoder = make_decoder(engine.model, input_ids, max_tokens, method, **options)
-    except (ValueError, TypeError) as error:
-        raise ApiError(400, str(error), _param_of(str(error))) from None
-    return decoder, method
-
-
-_BODY_SAMPLING = ("do_sample", "temperature", "top_k", "top_p", "seed")
-_SERVER_ONLY = ("draft_model", "eos_token_id", "memory", "datastore", "workload")
-
-
-def _method_options(settings: ServerSettings, body) -> tuple[str, dict]:
-    """The method and ``make_decoder`` options: the server's defaults for its own method, the
-    request's ``lookahead`` field over them, then sampling from the body's own fields."""
-    extra = body.lookahead
-    method = extra.method or settings.method
-    options = dict(settings.method_options) if method == settings.method else {}
-    for key, value in extra.options.items():
-        if key in _BODY_SAMPLING or key in _SERVER_ONLY:
-            where = "the body's own fields" if key in _BODY_SAMPLING else "the server"
-            raise ApiError(400, f"lookahead.{key} is not a per-request option here; it is set "
-                           f"by {where}", f"lookahead.{key}")
-        options[key] = value
-    if method == "draft":
-        if settings.draft_model is None:
-            raise ApiError(400, "method 'draft' needs the server started with --draft-model",
-                           "lookahead.method")
-        options["draft_model"] = settings.draft_model
-    if body.temperature > 0:  # 0 is greedy, as in the OpenAI API
-        options.update(do_sample=True, temperature=body.temperature, top_p=body.top_p,
-                       top_k=body.top_k, seed=body.seed)
-    if extra.ignore_eos:
-        options["eos_token_id"] = []
-    return method, options
-
-
-_TOP_LEVEL = frozenset({"temperature", "top_p", "top_k", "seed"})
-
-
-def _param_of(message: str) -> str | None:
-    """The request field a library error message is about (its messages start with it)."""
-    if message.startswith("unknown option"):
-        return "lookahead"
-    if "exceeds the model's context" in message:
-        return "max_tokens"
-    match = re.match(r"(\w+) must", message)
-    if not match:
-        return None
-    name = match.group(1)
-    if name == "max_new_tokens":
-        return "max_tokens"
-    if name in _TOP_LEVEL:
-        return name
-    return f"lookahead.{name}"
-
-
-def _token_ids(prompt: list[int], engine: Engine):
-    import torch
-
-    config = engine.model.config
-    vocab = (config.get_text_config() if hasattr(config, "get_text_config") else config).vocab_size
-    if any(not 0 <= t < vocab for t in prompt):
-        raise ApiError(400, f"prompt token ids must be in [0, {vocab})", "prompt")
-    return torch.tensor([prompt], dtype=torch.long)
-
-
 # ----------------------------------------------------------------------------- errors
 
 
 def _install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(ApiError)
     async def api_error(_: Request, error: ApiError) -> JSONResponse:
-        return error.response()
+        return JSONResponse(error.body(), status_code=error.status)
 
     @app.exception_handler(RequestValidationError)
     async def invalid(_: Request, error: RequestValidationError) -> JSONResponse:
-        return _validation_error(error.errors(), prefix=("body",)).response()
+        found = _validation_error(error.errors(), prefix=("body",))
+        return JSONResponse(found.body(), status_code=found.status)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(_: Request, error: StarletteHTTPException) -> JSONResponse:
@@ -438,12 +350,38 @@ def _validation_error(errors, prefix: tuple) -> ApiError:
     first = errors[0] if errors else {}
     loc = tuple(first.get("loc", ()))
     param = _param_of_loc(loc[len(prefix):] if loc[: len(prefix)] == prefix else loc)
-    if first.get("type") == "missing":
-        return ApiError(400, f"Missing required parameter: '{param}'", param)
-    if first.get("type") == "json_invalid":
+    kind = first.get("type")
+    if kind == "missing":
+        return ApiError(400, f"Missing required parameter: '{param}'", param,
+                        code="missing_required_parameter")
+    if kind == "json_invalid":
         return ApiError(400, "The body is not valid JSON")
     where = f"'{param}'" if param else "the body"
-    return ApiError(400, f"Invalid value for {where}: {first.get('msg', 'invalid')}", param)
+    return ApiError(400, f"Invalid value for {where}: {first.get('msg', 'invalid')}", param,
+                    code=_openai_code(kind, first.get("ctx") or {}))
+
+
+# OpenAI's codes for pydantic's error types; the protocol's own refusals carry theirs.
+_BOUNDS = {"greater_than": "below_min_value", "greater_than_equal": "below_min_value",
+           "less_than": "above_max_value", "less_than_equal": "above_max_value"}
+_CODES = {"literal_error": "invalid_value", "enum": "invalid_value",
+          "value_error": "invalid_value", "too_long": "array_above_max_length",
+          "too_short": "array_below_min_length", "unsupported_parameter": "unsupported_parameter",
+          "unsupported_value": "unsupported_value", "invalid_value": "invalid_value"}
+
+
+def _openai_code(kind: str | None, ctx: dict) -> str | None:
+    """OpenAI's error code for a pydantic error type (``int_type`` -> ``invalid_type``)."""
+    if kind is None:
+        return None
+    if kind in _BOUNDS:
+        bound = next(iter(ctx.values()), 0)
+        return ("decimal_" if isinstance(bound, float) else "integer_") + _BOUNDS[kind]
+    if kind == "too_short" and ctx.get("min_length") == 1:
+        return "empty_array"
+    if kind.endswith("_type") or kind in ("union_tag_invalid", "is_instance_of"):
+        return "invalid_type"
+    return _CODES.get(kind)
 
 
 _TYPE_TAGS = frozenset({"str", "int", "float", "bool", "dict", "list", "none"})

@@ -415,7 +415,7 @@ class Engine:
         request.last_token_at = now
         decoder.stats.seconds = now - request.arrived
         if text:
-            request.handle.emit(TokenEvent(text))
+            request.handle.emit(TokenEvent(text, request.take_logprobs()))
         if request.detokenizer.stopped:
             self._finish(request, "stop")
             return True
@@ -430,12 +430,13 @@ class Engine:
         if reason != "cancelled":
             rest = request.detokenizer.push([], final=True)
             if rest:
-                request.handle.emit(TokenEvent(rest))
+                request.handle.emit(TokenEvent(rest, request.take_logprobs()))
             self.metrics.e2e.observe(time.perf_counter() - request.arrived)
         self.metrics.requests.inc(1, "cancelled" if reason == "cancelled" else "finished", reason)
         self.metrics.generation_tokens.inc(decoder.stats.new_tokens, request.method)
         request.handle.emit(FinishEvent(reason, len(decoder.prompt), decoder.stats.new_tokens,
-                                        decoder.new_tokens, decoder.stats))
+                                        decoder.new_tokens, decoder.stats,
+                                        request.take_logprobs()))
 
     def _finish_safely(self, request: EngineRequest, reason: str) -> None:
         """``_finish``, failing the request instead if that raises (its last text, metrics)."""

@@ -1,10 +1,11 @@
 """The OpenAI wire format: request bodies (validated by pydantic), responses and errors.
 
-Only what the engine can honour is accepted: ``n``, ``logprobs``, ``echo``, ``best_of``,
-``suffix``, penalties and ``logit_bias`` other than their defaults, and in chat a JSON
-``response_format``, ``tools`` (or ``functions``) and ``top_logprobs``, are refused with a 400
-naming the field, rather than silently ignored: a client that asked for JSON or a tool call
-would otherwise get free text it cannot parse. Unknown fields are ignored, as OpenAI does.
+Only what the engine can honour is accepted: ``echo``, ``suffix``, ``best_of`` other than
+``n``, and in chat a JSON ``response_format`` and ``tools`` (or ``functions``) are refused with
+a 400 naming the field, rather than silently ignored: a client that asked for JSON or a tool
+call would otherwise get free text it cannot parse. Unknown fields are ignored, as OpenAI
+does. ``n``, ``logprobs`` (chat: with ``top_logprobs``), ``presence_penalty``,
+``frequency_penalty``, ``logit_bias`` and vLLM's ``repetition_penalty`` are honoured.
 
 The extra body field ``lookahead`` picks the method and its shape per request::
 
@@ -15,7 +16,9 @@ Its other keys are the method's options (``lookahead.config.MethodSpec.options``
 library's own config classes; ``ignore_eos`` keeps decoding past end-of-sequence tokens.
 
 Types are strict: ``"max_tokens": "16"`` or ``"stream": "yes"`` is a 400, not a guess (an
-integer is accepted where a number is expected). ``parse_body`` reads the raw body: it must be
+integer is accepted where a number is expected). A validator's refusal carries OpenAI's error
+code as its pydantic error type (``unsupported_parameter``, ``unsupported_value``, ...), which
+the app reports as the error's ``code``. ``parse_body`` reads the raw body: it must be
 a JSON object whose strings are valid Unicode (no lone surrogates, which no tokenizer encodes).
 """
 
@@ -27,9 +30,19 @@ import uuid
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+from pydantic_core import PydanticCustomError
+
+from lookahead.logprobs import MAX_TOP_LOGPROBS
+from lookahead.penalties import MAX_BIAS, MAX_PENALTY
 
 MAX_STOP_STRINGS = 4
 MAX_STOP_LENGTH = 256  # characters of one stop string: held back text grows with it
+MAX_CHOICES = 128  # OpenAI's limit for n
+
+
+def refuse(code: str, message: str) -> PydanticCustomError:
+    """A validator's refusal whose pydantic type is OpenAI's error ``code``."""
+    return PydanticCustomError(code, message.replace("{", "{{").replace("}", "}}"))
 
 
 class _Strict(BaseModel):
@@ -63,23 +76,17 @@ class _Sampling(_Strict):
     temperature: float = Field(1.0, ge=0.0, le=2.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     top_k: int = Field(0, ge=0)  # an extension, as in vLLM; 0 = off
-    n: int = 1
+    n: int = Field(1, ge=1, le=MAX_CHOICES)
     stream: bool = False
     stream_options: StreamOptions | None = None
     stop: str | list[str] | None = None
     seed: int | None = Field(None, ge=0, le=(1 << 63) - 1)
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
+    presence_penalty: float = Field(0.0, ge=-MAX_PENALTY, le=MAX_PENALTY)
+    frequency_penalty: float = Field(0.0, ge=-MAX_PENALTY, le=MAX_PENALTY)
+    repetition_penalty: float = Field(1.0, gt=0.0, le=10.0)  # vLLM's extension; 1 = off
     logit_bias: dict[str, float] | None = None
     user: str | None = None
     lookahead: LookaheadOptions = Field(default_factory=LookaheadOptions)
-
-    @field_validator("n")
-    @classmethod
-    def _one_choice(cls, n: int) -> int:
-        if n != 1:
-            raise ValueError("only n=1 is supported")
-        return n
 
     @field_validator("stop")
     @classmethod
@@ -99,19 +106,30 @@ class _Sampling(_Strict):
             raise ValueError("stream_options is only allowed when stream is true")
         return value
 
-    @field_validator("presence_penalty", "frequency_penalty")
-    @classmethod
-    def _no_penalty(cls, value: float) -> float:
-        if value != 0.0:
-            raise ValueError("penalties are not supported; leave it at 0")
-        return value
-
     @field_validator("logit_bias")
     @classmethod
-    def _no_bias(cls, value):
-        if value:
-            raise ValueError("logit_bias is not supported")
-        return value
+    def _bias_by_token_id(cls, value):
+        """{"1234": -100} -> {1234: -100.0}; the ids' range is checked against the model."""
+        if value is None:
+            return None
+        out = {}
+        for key, bias in value.items():
+            if not key.isascii() or not key.isdigit():
+                raise refuse("invalid_value", f"logit_bias keys must be token ids written as "
+                             f"strings (\"1234\"), got {key[:32]!r}")
+            if not -MAX_BIAS <= bias <= MAX_BIAS:
+                raise refuse("invalid_value", f"logit_bias values must be in [-{MAX_BIAS:g}, "
+                             f"{MAX_BIAS:g}], got {bias!r} for {key}")
+            out[int(key)] = float(bias)
+        return out
+
+    @property
+    def penalties(self) -> dict[str, Any]:
+        """The options of ``lookahead.penalties.penalty_processors``."""
+        return {"presence_penalty": self.presence_penalty,
+                "frequency_penalty": self.frequency_penalty,
+                "repetition_penalty": self.repetition_penalty,
+                "logit_bias": self.logit_bias}
 
     @property
     def stop_strings(self) -> list[str]:
@@ -129,7 +147,7 @@ class CompletionRequest(_Sampling):
 
     prompt: str | list[str] | list[int]
     echo: bool = False
-    logprobs: int | None = None
+    logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
     best_of: int | None = None
     suffix: str | None = None
 
@@ -138,7 +156,7 @@ class CompletionRequest(_Sampling):
     def _one_prompt(cls, prompt):
         if isinstance(prompt, list) and prompt and isinstance(prompt[0], str):
             if len(prompt) != 1:
-                raise ValueError("only one prompt per request is supported")
+                raise refuse("unsupported_value", "only one prompt per request is supported")
             prompt = prompt[0]
         if not prompt:
             raise ValueError("the prompt must not be empty")
@@ -148,15 +166,21 @@ class CompletionRequest(_Sampling):
     @classmethod
     def _unsupported(cls, value, info):
         if value:
-            raise ValueError(f"{info.field_name} is not supported")
+            raise refuse("unsupported_parameter", f"{info.field_name} is not supported")
         return value
 
-    @field_validator("logprobs", "best_of")
+    @field_validator("best_of")
     @classmethod
-    def _unsupported_count(cls, value, info):
-        if value is not None and not (info.field_name == "best_of" and value == 1):
-            raise ValueError(f"{info.field_name} is not supported")
+    def _best_of_is_n(cls, value, info):
+        if value is not None and value != info.data.get("n", 1):
+            raise refuse("unsupported_value", "best_of other than n is not supported (the "
+                         "server does not rank candidates)")
         return value
+
+    @property
+    def logprob_count(self) -> int | None:
+        """The ``Decoder``'s ``logprobs``: None, or how many top tokens per position."""
+        return self.logprobs
 
 
 class ContentPart(_Strict):
@@ -183,18 +207,18 @@ class ChatCompletionRequest(_Sampling):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool = False
-    top_logprobs: int | None = None
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
     response_format: dict[str, Any] | None = None
     tools: list[dict[str, Any]] | None = None
     functions: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
     function_call: str | dict[str, Any] | None = None
 
-    @field_validator("logprobs", "top_logprobs")
+    @field_validator("top_logprobs")
     @classmethod
-    def _no_logprobs(cls, value, info):
-        if value:
-            raise ValueError(f"{info.field_name} is not supported")
+    def _top_needs_logprobs(cls, value, info):
+        if value is not None and info.data.get("logprobs") is not True:
+            raise refuse("invalid_value", "top_logprobs needs logprobs set to true")
         return value
 
     @field_validator("response_format")
@@ -202,24 +226,31 @@ class ChatCompletionRequest(_Sampling):
     def _text_only(cls, value):
         kind = (value or {}).get("type", "text")
         if kind != "text":
-            raise ValueError(f"only {{'type': 'text'}} is supported (no JSON mode or schema), "
-                             f"got type {kind!r}")
+            raise refuse("unsupported_value", f"only {{'type': 'text'}} is supported (no JSON "
+                         f"mode or schema), got type {kind!r}")
         return value
 
     @field_validator("tools", "functions")
     @classmethod
     def _no_tools(cls, value, info):
         if value:
-            raise ValueError(f"{info.field_name} (tool calling) is not supported")
+            raise refuse("unsupported_parameter",
+                         f"{info.field_name} (tool calling) is not supported")
         return value
 
     @field_validator("tool_choice", "function_call")
     @classmethod
     def _no_tool_choice(cls, value, info):
         if value not in (None, "none"):
-            raise ValueError(f"tool calling is not supported; leave {info.field_name} out or "
-                             f"set it to 'none'")
+            raise refuse("unsupported_value", f"tool calling is not supported; leave "
+                         f"{info.field_name} out or set it to 'none'")
         return value
+
+    @property
+    def logprob_count(self) -> int | None:
+        """The ``Decoder``'s ``logprobs``: None without ``logprobs``, else ``top_logprobs``
+        (0 when absent)."""
+        return (self.top_logprobs or 0) if self.logprobs else None
 
     @property
     def token_limit(self) -> int | None:
@@ -305,19 +336,22 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
     }
 
 
-def completion_body(rid, model, text, reason, usage_, chat: bool, stats=None) -> dict:
-    """A whole (non-streamed) response; ``stats`` (the engine's figures) go in ``lookahead``."""
+def choice_body(index: int, text: str, reason: str, chat: bool, logprobs=None) -> dict:
+    """One choice of a whole response."""
     if chat:
-        choice = {"index": 0, "message": {"role": "assistant", "content": text},
-                  "logprobs": None, "finish_reason": reason}
-    else:
-        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": reason}
+        return {"index": index, "message": {"role": "assistant", "content": text},
+                "logprobs": logprobs, "finish_reason": reason}
+    return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": reason}
+
+
+def completion_body(rid, model, choices: list[dict], usage_, chat: bool, stats=None) -> dict:
+    """A whole (non-streamed) response; ``stats`` (the engine's figures) go in ``lookahead``."""
     body = {
         "id": rid,
         "object": "chat.completion" if chat else "text_completion",
         "created": int(time.time()),
         "model": model,
-        "choices": [choice],
+        "choices": choices,
         "usage": usage_,
     }
     if stats is not None:
@@ -325,17 +359,20 @@ def completion_body(rid, model, text, reason, usage_, chat: bool, stats=None) ->
     return body
 
 
-def chunk_body(rid, model, chat: bool, text=None, reason=None, role=False, usage_=None) -> dict:
-    """One SSE chunk; with ``usage_`` the usage-only chunk (empty ``choices``)."""
+def chunk_body(rid, model, chat: bool, text=None, reason=None, role=False, usage_=None,
+               index: int = 0, logprobs=None) -> dict:
+    """One SSE chunk of choice ``index``; with ``usage_`` the usage-only chunk (no choices)."""
     if usage_ is not None:
         choices = []
     elif chat:
         delta = {"role": "assistant", "content": ""} if role else {}
         if text:
             delta["content"] = text
-        choices = [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": reason}]
+        choices = [{"index": index, "delta": delta, "logprobs": logprobs,
+                    "finish_reason": reason}]
     else:
-        choices = [{"index": 0, "text": text or "", "logprobs": None, "finish_reason": reason}]
+        choices = [{"index": index, "text": text or "", "logprobs": logprobs,
+                    "finish_reason": reason}]
     body = {
         "id": rid,
         "object": "chat.completion.chunk" if chat else "text_completion",
@@ -351,3 +388,16 @@ def chunk_body(rid, model, chat: bool, text=None, reason=None, role=False, usage
 def error_body(message: str, error_type: str = "invalid_request_error",
                param: str | None = None, code: str | None = None) -> dict:
     return {"error": {"message": message, "type": error_type, "param": param, "code": code}}
+
+
+class ApiError(Exception):
+    """An error answered with OpenAI's error body; ``code`` is OpenAI's error code."""
+
+    def __init__(self, status: int, message: str, param: str | None = None,
+                 error_type: str = "invalid_request_error", code: str | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.param, self.type, self.code = (
+            status, message, param, error_type, code)
+
+    def body(self) -> dict:
+        return error_body(self.message, self.type, self.param, self.code)

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 from lookahead.decode import Decoder
 from lookahead.detokenize import Detokenizer
+from lookahead.logprobs import TokenLogprob
 from lookahead.stats import GenerationStats
 
 
@@ -28,20 +29,24 @@ class EngineClosedError(RuntimeError):
 
 @dataclass(frozen=True)
 class TokenEvent:
-    """New text of a request (never empty)."""
+    """New text of a request (never empty); ``logprobs``: the records of the tokens committed
+    since the last event (empty unless the request's ``Decoder`` records them)."""
 
     text: str
+    logprobs: tuple[TokenLogprob, ...] = ()
 
 
 @dataclass(frozen=True)
 class FinishEvent:
-    """The request ended. reason: "stop" (EOS or a stop string), "length" or "cancelled"."""
+    """The request ended. reason: "stop" (EOS or a stop string), "length" or "cancelled".
+    logprobs: the records not sent with a ``TokenEvent`` (tokens whose text was held back)."""
 
     reason: str
     prompt_tokens: int
     completion_tokens: int
     token_ids: list[int]
     stats: GenerationStats
+    logprobs: tuple[TokenLogprob, ...] = ()
 
 
 # ErrorEvent.code values: what went wrong, as the HTTP side reports it.
@@ -131,6 +136,16 @@ class EngineRequest:
     arrived: float = field(default_factory=time.perf_counter)
     last_token_at: float = 0.0
     deadline: float = float("inf")
+    logprobs_sent: int = 0
+
+    def take_logprobs(self) -> tuple[TokenLogprob, ...]:
+        """The decoder's log-probability records not taken yet (engine thread)."""
+        records = self.decoder.token_logprobs
+        if self.logprobs_sent >= len(records):
+            return ()
+        new = tuple(records[self.logprobs_sent :])
+        self.logprobs_sent = len(records)
+        return new
 
     @property
     def past(self) -> int:

@@ -1,7 +1,8 @@
 """A submitted request's answer: server-sent events, or one JSON body once it is done.
 
-Both read the request's events from its ``RequestHandle``; a client that goes away cancels the
-request (the engine drops it at its next iteration). A request that failed in the engine
+Both read the events of the request's choices (one engine request each, ``n`` of them) from
+their ``RequestHandle``s; a client that goes away cancels them (the engine drops them at its
+next iteration). A request that failed in the engine
 answers with the ``ErrorEvent``'s message, which never quotes an exception (see
 ``requests.ErrorEvent``): 500 (internal), 504 (``--request-timeout``) or 503 (shutting down).
 """
@@ -15,15 +16,23 @@ from collections.abc import AsyncIterator
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from lookahead.server.protocol import chunk_body, completion_body, error_body, usage
+from lookahead.server.protocol import (
+    choice_body,
+    chunk_body,
+    completion_body,
+    error_body,
+    usage,
+)
 from lookahead.server.requests import (
     ERROR_SHUTDOWN,
     ERROR_TIMEOUT,
     ErrorEvent,
+    Event,
     FinishEvent,
     RequestHandle,
     TokenEvent,
 )
+from lookahead.stats import GenerationStats
 
 # ErrorEvent.code -> (HTTP status, OpenAI error type, error code)
 _ERRORS = {
@@ -39,9 +48,11 @@ def error_event_body(event: ErrorEvent) -> tuple[int, dict]:
     return status, error_body(event.message, kind, None, code)
 
 
-def stream_response(handle: RequestHandle, rid: str, model: str, chat: bool,
-                    include_usage: bool) -> StreamingResponse:
-    return StreamingResponse(_sse(handle, rid, model, chat, include_usage),
+def stream_response(handles: list[RequestHandle], rid: str, model: str, chat: bool,
+                    include_usage: bool, formatters: list | None = None) -> StreamingResponse:
+    """The choices' events as server-sent events; ``formatters``: one ``LogprobFormatter``
+    per choice where ``logprobs`` was asked for, else None."""
+    return StreamingResponse(_sse(handles, rid, model, chat, include_usage, formatters),
                              media_type="text/event-stream",
                              headers={"Cache-Control": "no-cache"})
 
@@ -50,69 +61,123 @@ def _sse_data(body: dict | str) -> str:
     return f"data: {body if isinstance(body, str) else json.dumps(body)}\n\n"
 
 
-async def _sse(handle, rid: str, model: str, chat: bool, include_usage: bool) -> AsyncIterator[str]:
-    """The response's server-sent events; leaving early (the client left) cancels the request."""
-    finished = False
+async def _merged(handles: list[RequestHandle]) -> AsyncIterator[tuple[int, Event]]:
+    """(choice index, event) from every handle as they come, until each has ended."""
+    if len(handles) == 1:
+        async for event in handles[0].aevents():
+            yield 0, event
+        return
+    queue: asyncio.Queue = asyncio.Queue()
+
+    async def pump(index: int, handle: RequestHandle) -> None:
+        async for event in handle.aevents():
+            queue.put_nowait((index, event))
+
+    tasks = [asyncio.ensure_future(pump(i, handle)) for i, handle in enumerate(handles)]
+    try:
+        running = len(handles)
+        while running:
+            index, event = await queue.get()
+            if not isinstance(event, TokenEvent):
+                running -= 1
+            yield index, event
+    finally:
+        for task in tasks:
+            task.cancel()
+
+
+def _logprobs(formatters: list | None, index: int, records) -> dict | None:
+    if formatters is None or not records:
+        return None
+    return formatters[index].format(records)
+
+
+async def _sse(handles, rid: str, model: str, chat: bool, include_usage: bool,
+               formatters) -> AsyncIterator[str]:
+    """The response's server-sent events; leaving early (the client left) cancels the
+    requests, and so does one choice failing (the error event ends the stream)."""
+    ended: set[int] = set()
+    completion = 0
     try:
         if chat:
-            yield _sse_data(chunk_body(rid, model, chat, role=True))
-        async for event in handle.aevents():
+            for index in range(len(handles)):
+                yield _sse_data(chunk_body(rid, model, chat, role=True, index=index))
+        async for index, event in _merged(handles):
             if isinstance(event, TokenEvent):
-                yield _sse_data(chunk_body(rid, model, chat, text=event.text))
+                yield _sse_data(chunk_body(rid, model, chat, text=event.text, index=index,
+                                           logprobs=_logprobs(formatters, index, event.logprobs)))
             elif isinstance(event, FinishEvent):
-                finished = True
-                yield _sse_data(chunk_body(rid, model, chat, reason=event.reason))
-                if include_usage:
-                    counts = usage(event.prompt_tokens, event.completion_tokens)
+                ended.add(index)
+                completion += event.completion_tokens
+                yield _sse_data(chunk_body(rid, model, chat, reason=event.reason, index=index,
+                                           logprobs=_logprobs(formatters, index, event.logprobs)))
+                if include_usage and len(ended) == len(handles):
+                    counts = usage(event.prompt_tokens, completion)
                     yield _sse_data(chunk_body(rid, model, chat, usage_=counts))
             elif isinstance(event, ErrorEvent):
-                finished = True
+                ended.add(index)
                 yield _sse_data(error_event_body(event)[1])
+                break
         yield _sse_data("[DONE]")
     finally:
-        if not finished:
-            handle.cancel()
+        for index, handle in enumerate(handles):
+            if index not in ended:
+                handle.cancel()
 
 
-async def complete_response(request: Request, handle: RequestHandle, rid: str, model: str,
-                            chat: bool, with_stats: bool) -> Response:
-    """Wait for the whole answer, watching for the client going away meanwhile.
+async def complete_response(request: Request, handles: list[RequestHandle], rid: str,
+                            model: str, chat: bool, with_stats: bool,
+                            formatters: list | None = None) -> Response:
+    """Wait for every choice's whole answer, watching for the client going away meanwhile.
 
-    with_stats: add the engine's figures (steps, tokens per step, ...) as ``lookahead``.
+    with_stats: add the engine's figures (steps, tokens per step, ...) as ``lookahead``
+    (over all choices together).
     """
-    text: list[str] = []
-    final: list = []
+    texts: list[list[str]] = [[] for _ in handles]
+    records: list[list] = [[] for _ in handles]
+    final: list = [None] * len(handles)
 
     async def gather() -> None:
-        async for event in handle.aevents():
+        async for index, event in _merged(handles):
             if isinstance(event, TokenEvent):
-                text.append(event.text)
+                texts[index].append(event.text)
             else:
-                final.append(event)
+                final[index] = event
+            records[index].extend(getattr(event, "logprobs", ()))
+            if isinstance(event, ErrorEvent):
+                return
 
     task = asyncio.ensure_future(gather())
     try:
         while not task.done():
             await asyncio.wait({task}, timeout=0.5)
             if not task.done() and await request.is_disconnected():
-                handle.cancel()
-                task.cancel()
                 return Response(status_code=499)
     finally:
         if not task.done():
             task.cancel()
-            handle.cancel()
-    event = final[0]
-    if isinstance(event, ErrorEvent):
-        status, body = error_event_body(event)
+        for index, handle in enumerate(handles):
+            if not isinstance(final[index], FinishEvent):
+                handle.cancel()
+    failed = [event for event in final if isinstance(event, ErrorEvent)]
+    if failed:
+        status, body = error_event_body(failed[0])
         return JSONResponse(body, status_code=status)
-    stats = None
-    if with_stats:
-        stats = {"method": event.stats.method, "steps": event.stats.steps,
-                 "tokens_per_step": round(event.stats.tokens_per_step, 3),
-                 "mean_accepted": round(event.stats.mean_accepted, 3),
-                 "seconds": round(event.stats.seconds, 4),
-                 "time_to_first_token": round(event.stats.time_to_first_token, 4)}
-    counts = usage(event.prompt_tokens, event.completion_tokens)
-    return JSONResponse(completion_body(rid, model, "".join(text), event.reason, counts, chat,
-                                        stats))
+    choices = [choice_body(index, "".join(texts[index]), event.reason, chat,
+                           formatters[index].format(records[index]) if formatters else None)
+               for index, event in enumerate(final)]
+    stats = stats_body([event.stats for event in final]) if with_stats else None
+    counts = usage(final[0].prompt_tokens, sum(event.completion_tokens for event in final))
+    return JSONResponse(completion_body(rid, model, choices, counts, chat, stats))
+
+
+def stats_body(stats: list[GenerationStats]) -> dict:
+    """The ``lookahead`` field: the figures of one or more choices' decoding, together."""
+    steps = sum(s.steps for s in stats)
+    tokens = sum(s.new_tokens for s in stats)
+    accepted = [a for s in stats for a, p in zip(s.accepted_per_step, s.proposed_per_step) if p]
+    return {"method": stats[0].method, "steps": steps,
+            "tokens_per_step": round(tokens / steps if steps else 0.0, 3),
+            "mean_accepted": round(sum(accepted) / len(accepted) if accepted else 0.0, 3),
+            "seconds": round(max(s.seconds for s in stats), 4),
+            "time_to_first_token": round(min(s.time_to_first_token for s in stats), 4)}

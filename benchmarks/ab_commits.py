@@ -46,19 +46,29 @@ class Tree:
         sys.path.insert(0, str(src))
         try:
             self.package = importlib.import_module("lookahead")
-            importlib.import_module("lookahead.api")
+            self.generate_fn = self.package.generate  # its module imported now, from ``src``
             self.model, self.tokenizer = self.package.load_model(model_name)
         finally:
             sys.path.remove(str(src))
         self.modules = {n: m for n, m in sys.modules.items()
                         if n == "lookahead" or n.startswith("lookahead.")}
 
-    def generate(self, ids, max_new_tokens: int, method: str):
+    def activate(self) -> None:
+        """Make this commit's modules the ones ``import lookahead...`` finds."""
+        for name in [n for n in sys.modules if n == "lookahead" or n.startswith("lookahead.")]:
+            if name not in self.modules:
+                del sys.modules[name]
         sys.modules.update(self.modules)
+
+    def generate(self, ids, max_new_tokens: int, method: str):
+        self.activate()
         start = time.perf_counter()
-        result = self.package.generate(self.model, ids, max_new_tokens, method=method,
-                                       do_sample=False)
-        return time.perf_counter() - start, result.new_tokens[0].tolist()
+        result = self.generate_fn(self.model, ids, max_new_tokens, method=method,
+                                  do_sample=False)
+        seconds = time.perf_counter() - start
+        self.modules = {n: m for n, m in sys.modules.items()  # with those imported on the way
+                        if n == "lookahead" or n.startswith("lookahead.")}
+        return seconds, result.new_tokens[0].tolist()
 
 
 def main() -> None:
@@ -79,7 +89,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as old_dir, tempfile.TemporaryDirectory() as new_dir:
         trees = {"old": Tree(checkout(args.old, Path(old_dir)), args.model),
                  "new": Tree(checkout(args.new, Path(new_dir)), args.model)}
-        sys.modules.update(trees["new"].modules)
+        trees["new"].activate()
         from lookahead.bench.datasets import encode_prompt, load_prompts
 
         prompts = load_prompts(args.dataset, limit=args.limit)

@@ -66,7 +66,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--methods",
         type=comma_list(all_methods()),
         help=f"comma-separated subset of {','.join(all_methods())} (default: all that apply "
-        "but llamacpp; hf, the baseline, always runs)",
+        "but the llamacpp ones, which run only when named; hf, the baseline, always runs)",
     )
     parser.add_argument(
         "--baseline-dtypes",
@@ -84,7 +84,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--draft-tokens", type=positive_int, default=DraftConfig.num_draft_tokens,
-        help="tokens per step of 'draft' (default: %(default)s)"
+        help="tokens per step of 'draft' (and llamacpp_draft's most) (default: %(default)s)"
     )
     add_config_flags(parser, names=("draft_vocab",), methods=("draft",))
     parser.add_argument(
@@ -150,7 +150,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"lookahead bench: error: {error}", file=sys.stderr)
         return 2
     print(markdown_table(results))
-    if llamacpp.LLAMACPP in results["config"]["methods"]:
+    if set(llamacpp.LLAMACPP_METHODS) & set(results["config"]["methods"]):
         print(llamacpp.comparison_table(results))
     paths = write_results(results, args.out, plots=not args.no_plots)
     print("\nwrote " + ", ".join(str(p) for p in paths), file=sys.stderr)

@@ -12,8 +12,11 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import stat
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -98,11 +101,13 @@ def logged(folder: Path, mode: str) -> list[dict]:
 
 
 def gone(pid: int) -> bool:
+    """Whether process ``pid`` has ended (a zombie no one reaped yet has)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return True
-    return False
+    status = Path(f"/proc/{pid}/status")
+    return status.exists() and "\nState:\tZ" in status.read_text()
 
 
 # ----------------------------------------------------------------------------- no process
@@ -247,6 +252,26 @@ def test_a_server_never_ready_is_given_up_and_stopped(tmp_path) -> None:
         with server.LlamaServer(command, port, start_timeout=1.5):
             pass
     assert gone(logged(tmp_path, "none")[0]["pid"])
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_a_killed_benchmark_takes_its_server_with_it(tmp_path) -> None:
+    folder = tmp_path / "bin"
+    write_fake_server(folder)
+    script = (f"import os, signal\nfrom lookahead.bench import llamacpp_server as s\n"
+              f"s.start_engines(('llamacpp_server',), {str(folder)!r}, None, None, [], "
+              f"threads=1)\nos.kill(os.getpid(), signal.SIGKILL)\n")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    done = subprocess.run([sys.executable, "-c", script], env=env, check=False, timeout=120)
+    assert done.returncode == -signal.SIGKILL
+    pid = logged(folder, "none")[0]["pid"]
+    deadline = time.monotonic() + 30  # the signal's delivery, not a speed
+    while not gone(pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    orphaned = not gone(pid)
+    if orphaned:  # leave nothing running, then fail
+        os.kill(pid, signal.SIGKILL)
+    assert not orphaned
 
 
 def test_bench_runs_the_server_modes_and_names_llamacpps_best(tiny, tmp_path, capsys,

@@ -179,14 +179,19 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
-def _die_with_parent() -> None:
-    """In the child, before exec: on Linux, be sent SIGTERM if the benchmark dies, so that
-    not even a killed benchmark leaves a server behind."""
-    if sys.platform.startswith("linux"):
-        import ctypes
+def _die_with_parent():
+    """On Linux, a ``preexec_fn`` that has the child sent SIGTERM if the benchmark dies, so
+    that not even a killed benchmark leaves a server behind; None elsewhere. libc is loaded
+    here, in the parent: between fork and exec the child only makes the one call."""
+    if not sys.platform.startswith("linux"):
+        return None
+    import ctypes
 
-        with contextlib.suppress(OSError, AttributeError):
-            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PDEATHSIG
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    return lambda: prctl(1, signal.SIGTERM)  # 1: PR_SET_PDEATHSIG
 
 
 class LlamaServer:
@@ -224,7 +229,7 @@ class LlamaServer:
         logger.info("starting %s", " ".join(self.command))
         self.process = subprocess.Popen(
             self.command, stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT,
-            preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None)
+            preexec_fn=_die_with_parent())
         deadline = time.monotonic() + self.start_timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:

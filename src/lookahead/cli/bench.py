@@ -53,7 +53,8 @@ def register(subparsers) -> None:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_model_arguments(parser)
-    parser.add_argument("--draft-model", help="draft model for 'draft' and 'hf_assisted'")
+    parser.add_argument("--draft-model", help="draft model for 'draft', 'hf_assisted' and "
+                        "'llamacpp_draft' (a GGUF file or bundled model for that one)")
     parser.add_argument(
         "--dataset",
         type=comma_list(),

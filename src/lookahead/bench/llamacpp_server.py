@@ -206,6 +206,8 @@ class LlamaServer:
         self.command, self.port, self.start_timeout = command, port, start_timeout
         self.process: subprocess.Popen | None = None
         self._log = None
+        # Straight to 127.0.0.1, whatever proxy the environment names.
+        self._opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
     @property
     def url(self) -> str:
@@ -243,7 +245,7 @@ class LlamaServer:
 
     def _healthy(self) -> bool:
         try:
-            with urllib.request.urlopen(self.url + "/health", timeout=5) as response:
+            with self._opener.open(self.url + "/health", timeout=5) as response:
                 return response.status == 200
         except (urllib.error.URLError, ConnectionError, TimeoutError):
             return False  # not listening yet, or 503 while it loads the model
@@ -255,7 +257,7 @@ class LlamaServer:
                                          data=json.dumps(body).encode(),
                                          headers={"Content-Type": "application/json"})
         try:
-            with urllib.request.urlopen(request, timeout=timeout) as response:
+            with self._opener.open(request, timeout=timeout) as response:
                 return json.loads(response.read())
         except urllib.error.HTTPError as error:
             detail = error.read().decode("utf-8", "replace")[:500]
@@ -279,12 +281,13 @@ class LlamaServer:
         try:
             if process is not None and process.poll() is None:
                 process.terminate()
-                try:
-                    process.wait(timeout=10)
-                except subprocess.TimeoutExpired:
-                    process.kill()
-                    process.wait()
-        finally:
+                process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            pass
+        finally:  # killed where SIGTERM was not enough, or the wait was interrupted
+            if process is not None and process.poll() is None:
+                process.kill()
+                process.wait()
             if self._log is not None:
                 self._log.close()
                 self._log = None

@@ -18,8 +18,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
 from transformers.convert_slow_tokenizer import bytes_to_unicode
 
 from lookahead.bench import llamacpp
-from lookahead.cli.bench import config_from_args
 from lookahead.bench.runner import BenchConfig
+from lookahead.cli.bench import config_from_args
 from lookahead.cli.main import build_parser
 
 FIXTURES = Path(__file__).parent.parent / "fixtures"
@@ -111,9 +111,9 @@ def test_comparison_table_names_llamacpps_fastest_mode_and_our_lead() -> None:
     from lookahead.bench.report import summarise
 
     def record(dataset, method, seconds, first):
-        return dict(dataset=dataset, prompt="p0", method=method, dtype="quantized",
-                    prompt_tokens=5, tokens=[1] * 11, new_tokens=11, seconds=seconds,
-                    time_to_first_token=first, steps=11, stats=None)
+        return {"dataset": dataset, "prompt": "p0", "method": method, "dtype": "quantized",
+                "prompt_tokens": 5, "tokens": [1] * 11, "new_tokens": 11, "seconds": seconds,
+                "time_to_first_token": first, "steps": 11, "stats": None}
 
     # 11 tokens each: hf 11 tok/s, llama.cpp plain 22, its n-grams 44, lookahead 55.
     timed = {"hf": (1.0, 0.5), "llamacpp_server": (0.5, 0.25), "llamacpp_ngram": (0.25, 0.05),

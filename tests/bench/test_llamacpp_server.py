@@ -26,7 +26,8 @@ from tiny import bench_argv
 from tiny_gguf import write_tiny_gguf
 from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
 
-from lookahead.bench import llamacpp, llamacpp_server as server
+from lookahead.bench import llamacpp
+from lookahead.bench import llamacpp_server as server
 from lookahead.bench.runner import BenchConfig
 from lookahead.cli.main import main
 
@@ -248,9 +249,9 @@ def test_a_server_never_ready_is_given_up_and_stopped(tmp_path) -> None:
     port = server.free_port()
     command = server.server_command(binary, tmp_path / "m.gguf", "llamacpp_server", port, 1,
                                     set())
-    with pytest.raises(RuntimeError, match="not ready"):
-        with server.LlamaServer(command, port, start_timeout=1.5):
-            pass
+    with pytest.raises(RuntimeError, match="not ready"), \
+            server.LlamaServer(command, port, start_timeout=1.5):
+        pass
     assert gone(logged(tmp_path, "none")[0]["pid"])
 
 

@@ -34,6 +34,7 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Self
 
 import torch
 
@@ -213,7 +214,7 @@ class LlamaServer:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def __enter__(self) -> LlamaServer:
+    def __enter__(self) -> Self:
         try:
             self.start()
         except BaseException:  # a failed or interrupted start leaves no process either
@@ -227,11 +228,11 @@ class LlamaServer:
     def start(self) -> None:
         """Start the process and wait until ``/health`` says the model is loaded; a
         ``RuntimeError`` with the server's last lines if it exits or takes too long."""
-        self._log = tempfile.TemporaryFile()
+        self._log = tempfile.TemporaryFile()  # noqa: SIM115 (open until close())
         logger.info("starting %s", " ".join(self.command))
         self.process = subprocess.Popen(
             self.command, stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT,
-            preexec_fn=_die_with_parent())
+            preexec_fn=_die_with_parent())  # noqa: PLW1509 (one libc call, no Python locks)
         deadline = time.monotonic() + self.start_timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:

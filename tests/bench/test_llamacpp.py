@@ -18,8 +18,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
 from transformers.convert_slow_tokenizer import bytes_to_unicode
 
 from lookahead.bench import llamacpp
-from lookahead.cli.bench import config_from_args
 from lookahead.bench.runner import BenchConfig
+from lookahead.cli.bench import config_from_args
 from lookahead.cli.main import build_parser
 
 FIXTURES = Path(__file__).parent.parent / "fixtures"
@@ -105,6 +105,32 @@ def test_decode_rate_leaves_out_the_first_token() -> None:
     runs = [{"new_tokens": 11, "seconds": 3.0, "time_to_first_token": 1.0},
             {"new_tokens": 1, "seconds": 0.5, "time_to_first_token": 0.5}]
     assert llamacpp.decode_rate(runs) == pytest.approx(10 / 2.0)
+
+
+def test_comparison_table_names_llamacpps_fastest_mode_and_our_lead() -> None:
+    from lookahead.bench.report import summarise
+
+    def record(dataset, method, seconds, first):
+        return {"dataset": dataset, "prompt": "p0", "method": method, "dtype": "quantized",
+                "prompt_tokens": 5, "tokens": [1] * 11, "new_tokens": 11, "seconds": seconds,
+                "time_to_first_token": first, "steps": 11, "stats": None}
+
+    # 11 tokens each: hf 11 tok/s, llama.cpp plain 22, its n-grams 44, lookahead 55.
+    timed = {"hf": (1.0, 0.5), "llamacpp_server": (0.5, 0.25), "llamacpp_ngram": (0.25, 0.05),
+             "lookahead": (0.2, 0.1)}
+    records = [record(d, m, *times) for d in ("code", "chat") for m, times in timed.items()]
+    table = llamacpp.comparison_table(summarise({}, records))
+    assert table.count("| vs llama.cpp best (llamacpp_ngram) |") == 3  # code, chat, all
+    assert "| lookahead | quantized | 55.0 | 100.0 | 100 | 1/1 | 1.25x |" in table
+    assert "| llamacpp_server | quantized | 22.0 | 40.0 | 250 | 1/1 | 0.50x |" in table
+    assert ("llama.cpp best: llamacpp_ngram, 44.0 tok/s (decode only 50.0); fastest of ours: "
+            "lookahead (quantized), 55.0 tok/s (decode only 100.0), 1.25x llama.cpp best"
+            ) in table
+    # over both data sets ("all"): twice the tokens in twice the time
+    assert "| lookahead | quantized | 55.0 | 100.0 | 100 | 2/2 | 1.25x |" in table
+    alone = [r for r in records if r["method"] != "llamacpp_ngram"]
+    assert "llama.cpp best: llamacpp_server" in llamacpp.comparison_table(summarise({}, alone))
+    assert llamacpp.fastest([], llamacpp.LLAMACPP_METHODS) is None
 
 
 # ----------------------------------------------------------------------------- real engines

@@ -13,7 +13,8 @@ Two engines, the first that is there:
 Either way the thread count is torch's (``--threads``) and the token limit the benchmark's.
 A ``Measurement``'s ``seconds`` is prompt evaluation plus decoding; ``time_to_first_token``
 the prompt evaluation and the first token's choice. :func:`comparison_table` gives the
-decode-only rates beside the end-to-end ones.
+decode-only rates beside the end-to-end ones, and every run against llama.cpp's fastest mode
+(this one or ``llama-server``'s, ``bench/llamacpp_server.py``).
 """
 
 from __future__ import annotations
@@ -29,11 +30,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from lookahead.bench.methods import Measurement
+from lookahead.bench.methods import EXTERNAL_METHODS, Measurement
+from lookahead.bench.report import ALL
 
 logger = logging.getLogger(__name__)
 
 LLAMACPP = "llamacpp"
+# Every llama.cpp method: this engine's and llama-server's modes (bench/llamacpp_server.py).
+LLAMACPP_METHODS = EXTERNAL_METHODS
 # The binaries that take a prompt and print a completion, most suited first.
 BINARY_NAMES = ("llama-completion", "llama-cli")
 # Context room beyond the longest prompt and answer the benchmark asks for.
@@ -248,8 +252,10 @@ def add_arguments(parser) -> None:
     """``--llamacpp-bin`` for ``lookahead bench``."""
     parser.add_argument(
         "--llamacpp-bin", metavar="PATH",
-        help="the llamacpp method: a llama-completion (or llama-cli) binary, or its folder "
-        "(default: llama-cpp-python if it imports, else llama-completion on PATH)")
+        help="llama.cpp's binaries: a llama-completion (or llama-cli) or llama-server file, or "
+        "their folder (a build's bin/). llamacpp runs llama-completion (default: "
+        "llama-cpp-python if it imports, else llama-completion on PATH); llamacpp_server, "
+        "llamacpp_ngram and llamacpp_draft run llama-server (default: the one on PATH)")
 
 
 def decode_rate(runs: list[dict]) -> float:
@@ -259,21 +265,55 @@ def decode_rate(runs: list[dict]) -> float:
     return tokens / seconds if seconds > 0 else 0.0
 
 
+def fastest(rows: list[dict], methods) -> dict | None:
+    """The summary row of ``methods`` with the most tokens a second (None: none ran)."""
+    chosen = [row for row in rows if row["method"] in methods]
+    return max(chosen, key=lambda row: row["tokens_per_second"], default=None)
+
+
+def best_line(rows: list[dict], runs: list[dict]) -> str:
+    """One line naming llama.cpp's fastest mode and ours, and how far ours leads."""
+    from lookahead.config import method_names
+
+    theirs, ours = fastest(rows, LLAMACPP_METHODS), fastest(rows, method_names())
+    if theirs is None:
+        return "llama.cpp: no mode ran"
+    rate = theirs["tokens_per_second"]
+    line = (f"llama.cpp best: {theirs['method']}, {rate:.1f} tok/s (decode only "
+            f"{decode_rate(_runs_of(runs, theirs)):.1f})")
+    if ours is not None:
+        lead = f", {ours['tokens_per_second'] / rate:.2f}x llama.cpp best" if rate else ""
+        line += (f"; fastest of ours: {ours['method']} ({ours['dtype']}), "
+                 f"{ours['tokens_per_second']:.1f} tok/s (decode only "
+                 f"{decode_rate(_runs_of(runs, ours)):.1f}){lead}")
+    return line
+
+
+def _runs_of(runs: list[dict], row: dict) -> list[dict]:
+    return [r for r in runs if (r["method"], r["dtype"]) == (row["method"], row["dtype"])]
+
+
 def comparison_table(results: dict) -> str:
-    """Per data set and run: end-to-end and decode-only tokens a second, TTFT, texts equal
-    to HF greedy in the same dtype (Markdown)."""
+    """Per data set (and "all" over several): each run's end-to-end and decode-only tokens a
+    second, TTFT, texts equal to HF greedy in the same dtype, and its speed against
+    llama.cpp's fastest mode (named in the column), then :func:`best_line` (Markdown)."""
     records = results["runs"]
     lines = []
-    for dataset in dict.fromkeys(r["dataset"] for r in records):
-        chosen = [r for r in records if r["dataset"] == dataset]
+    for dataset, rows in results["summary"].items():
+        runs = records if dataset == ALL else [r for r in records if r["dataset"] == dataset]
+        best = fastest(rows, LLAMACPP_METHODS)
+        versus = f" vs llama.cpp best ({best['method']}) |" if best else ""
         lines += ["", f"### {dataset}: llama.cpp beside the others", "",
-                  "| method | dtype | tok/s | decode tok/s | TTFT ms | identical |",
-                  "|---|---|--:|--:|--:|--:|"]
-        rows = {row["method"] + "|" + row["dtype"]: row for row in results["summary"][dataset]}
-        for key, row in rows.items():
-            runs = [r for r in chosen if r["method"] + "|" + r["dtype"] == key]
-            same = "baseline" if row["identical"] is None else f"{row['identical']}/{len(runs)}"
-            lines.append(f"| {row['method']} | {row['dtype']} | {row['tokens_per_second']:.1f} "
-                         f"| {decode_rate(runs):.1f} | {1000 * row['time_to_first_token']:.0f} "
-                         f"| {same} |")
+                  "| method | dtype | tok/s | decode tok/s | TTFT ms | identical |" + versus,
+                  "|---|---|--:|--:|--:|--:|" + ("--:|" if best else "")]
+        for row in rows:
+            same = "baseline" if row["identical"] is None else f"{row['identical']}/{row['prompts']}"
+            line = (f"| {row['method']} | {row['dtype']} | {row['tokens_per_second']:.1f} "
+                    f"| {decode_rate(_runs_of(runs, row)):.1f} "
+                    f"| {1000 * row['time_to_first_token']:.0f} | {same} |")
+            if best:
+                rate = best["tokens_per_second"]
+                line += f" {row['tokens_per_second'] / rate:.2f}x |" if rate else " - |"
+            lines.append(line)
+        lines += ["", best_line(rows, runs)]
     return "\n".join(lines)

@@ -8,8 +8,11 @@ Hugging Face methods (the baselines)::
 
 Ours (``lookahead.generate``): ``autoregressive``, ``lookahead``, ``prompt_lookup``, ``draft``.
 
-Other engines on the same GGUF file: ``llamacpp`` (llama.cpp greedy, ``bench/llamacpp.py``);
-its ``model`` is the engine, run only when named.
+Other engines on the same GGUF file, run only when named (their ``model`` is the engine):
+``llamacpp`` (llama.cpp greedy in-process or by ``llama-completion``, ``bench/llamacpp.py``);
+``llamacpp_server``, ``llamacpp_ngram``, ``llamacpp_draft`` (llama.cpp's greedy, its n-gram
+speculation and its draft-model speculation, each on a ``llama-server``,
+``bench/llamacpp_server.py``).
 
 Every method returns a ``Measurement``: the new tokens, wall time, time to first token and the
 number of target forward passes. For HF methods the steps and the first token's time come from
@@ -35,7 +38,9 @@ from lookahead.sources.datastore import Datastore
 from lookahead.sources.memory import TextMemory
 
 HF_METHODS = ("hf", "hf_prompt_lookup", "hf_assisted")
-EXTERNAL_METHODS = ("llamacpp",)  # run only when named
+# Run only when named: llama.cpp in-process or by llama-completion, then by llama-server.
+EXTERNAL_METHODS = ("llamacpp", "llamacpp_server", "llamacpp_ngram", "llamacpp_draft")
+EXTERNAL_DRAFT_METHODS = ("llamacpp_draft",)  # llama.cpp drafting with the draft GGUF
 
 
 def bench_methods() -> tuple[str, ...]:
@@ -51,7 +56,8 @@ def all_methods() -> tuple[str, ...]:
 
 def draft_methods() -> tuple[str, ...]:
     """The methods that need a draft model."""
-    return ("hf_assisted", *(spec.name for spec in method_specs() if spec.needs_draft))
+    return ("hf_assisted", *(spec.name for spec in method_specs() if spec.needs_draft),
+            *EXTERNAL_DRAFT_METHODS)
 
 
 # Greedy methods whose output should be token-for-token the baseline's.
@@ -90,7 +96,8 @@ class MethodOptions:
     max_step_tokens: the most tokens a step of ours feeds the model; None: no cap.
     lookahead_step_tokens: the same for lookahead alone where ``max_step_tokens`` is None
         (the cap a tuned profile chose with its shape).
-    llamacpp_bin: the llama.cpp binary (or its folder) of ``llamacpp``; None: the bindings.
+    llamacpp_bin: the llama.cpp binary (or its folder) of ``llamacpp`` (None: the bindings)
+        and of the ``llama-server`` methods (None: the one on ``PATH``).
     """
 
     lookahead: LookaheadConfig = field(default_factory=LookaheadConfig)

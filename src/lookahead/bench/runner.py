@@ -28,9 +28,10 @@ import transformers
 
 from lookahead.kernels import packing
 from lookahead.proposers.draft import check_draft_model
-from lookahead.bench import llamacpp
+from lookahead.bench import llamacpp, llamacpp_server
 from lookahead.bench.methods import (
     BASELINE,
+    EXTERNAL_METHODS,
     HF_METHODS,
     MethodOptions,
     all_methods,
@@ -179,6 +180,15 @@ def run_benchmark(config: BenchConfig, progress: Progress | None = None) -> dict
     """Run the benchmark; return the results (see ``report.summarise`` for the layout)."""
     prompts = {_label(name): load_prompts(name, config.limit) for name in config.datasets}
     loaded = _load(config)
+    try:
+        return _run_all(config, loaded, prompts, progress)
+    finally:  # never leaves a llama-server running
+        llamacpp_server.close_engines(loaded.engines)
+
+
+def _run_all(config: BenchConfig, loaded: _Loaded, prompts: dict,
+             progress: Progress | None) -> dict:
+    """:func:`run_benchmark` once the models (and engines) are loaded."""
     encoded = {
         name: [(p.id, encode_prompt(loaded.tokenizer, p)) for p in items]
         for name, items in prompts.items()
@@ -260,7 +270,8 @@ def _load(config: BenchConfig) -> _Loaded:
         logger.info("loaded %s (%s) in %.1f s", config.model, setting,
                     time.perf_counter() - started)
     draft = None
-    if config.draft_model is not None and set(config.run_methods) & set(draft_methods()):
+    ours = set(draft_methods()) - set(EXTERNAL_METHODS)  # llama.cpp drafts with the GGUF
+    if config.draft_model is not None and set(config.run_methods) & ours:
         draft, _ = load_model(config.draft_model, **_dtype_args(config.dtype),
                               cache_dir=config.cache_dir,
                               packed_weights=config.kernel, device=config.device)
@@ -272,13 +283,30 @@ def _load(config: BenchConfig) -> _Loaded:
     if config.options.datastore is not None:
         datastore = load_datastore(config.options.datastore, tokenizer,
                                    cache_dir=config.cache_dir)
-    engines = {}
-    if llamacpp.LLAMACPP in config.run_methods:
-        eos = models[config.setting].generation_config.eos_token_id
-        engines[llamacpp.LLAMACPP] = llamacpp.make_engine(
-            llamacpp.gguf_of(config.model, config.cache_dir), tokenizer,
-            [eos] if isinstance(eos, int) else list(eos or ()), config.options.llamacpp_bin)
+    engines = _start_engines(config, models[config.setting], tokenizer)
     return _Loaded(models, tokenizer, draft, pad, datastore, engines)
+
+
+def _start_engines(config: BenchConfig, model, tokenizer) -> dict[str, object]:
+    """The other engines of the external methods that run (llama.cpp's on the model's GGUF
+    file; ``llama-server`` processes started, which the caller must stop)."""
+    external = [m for m in config.run_methods if m in EXTERNAL_METHODS]
+    if not external:
+        return {}
+    gguf = llamacpp.gguf_of(config.model, config.cache_dir)
+    eos = model.generation_config.eos_token_id
+    eos = [eos] if isinstance(eos, int) else list(eos or ())
+    engines: dict[str, object] = {}
+    if llamacpp.LLAMACPP in external:
+        engines[llamacpp.LLAMACPP] = llamacpp.make_engine(gguf, tokenizer, eos,
+                                                          config.options.llamacpp_bin)
+    draft = None
+    if llamacpp_server.LLAMACPP_DRAFT in external:
+        draft = llamacpp.gguf_of(config.draft_model, config.cache_dir)
+    engines.update(llamacpp_server.start_engines(
+        tuple(external), config.options.llamacpp_bin, gguf, tokenizer, eos, draft,
+        config.options.draft.num_draft_tokens))
+    return engines
 
 
 def _describe(config: BenchConfig) -> dict:

@@ -53,7 +53,8 @@ def register(subparsers) -> None:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_model_arguments(parser)
-    parser.add_argument("--draft-model", help="draft model for 'draft' and 'hf_assisted'")
+    parser.add_argument("--draft-model", help="draft model for 'draft', 'hf_assisted' and "
+                        "'llamacpp_draft' (a GGUF file or bundled model for that one)")
     parser.add_argument(
         "--dataset",
         type=comma_list(),
@@ -66,7 +67,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--methods",
         type=comma_list(all_methods()),
         help=f"comma-separated subset of {','.join(all_methods())} (default: all that apply "
-        "but llamacpp; hf, the baseline, always runs)",
+        "but the llamacpp ones, which run only when named; hf, the baseline, always runs)",
     )
     parser.add_argument(
         "--baseline-dtypes",
@@ -84,7 +85,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--draft-tokens", type=positive_int, default=DraftConfig.num_draft_tokens,
-        help="tokens per step of 'draft' (default: %(default)s)"
+        help="tokens per step of 'draft' (and llamacpp_draft's most) (default: %(default)s)"
     )
     add_config_flags(parser, names=("draft_vocab",), methods=("draft",))
     parser.add_argument(
@@ -150,7 +151,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"lookahead bench: error: {error}", file=sys.stderr)
         return 2
     print(markdown_table(results))
-    if llamacpp.LLAMACPP in results["config"]["methods"]:
+    if set(llamacpp.LLAMACPP_METHODS) & set(results["config"]["methods"]):
         print(llamacpp.comparison_table(results))
     paths = write_results(results, args.out, plots=not args.no_plots)
     print("\nwrote " + ", ".join(str(p) for p in paths), file=sys.stderr)

@@ -180,20 +180,19 @@ class GrammarLogitsProcessor:
     def __init__(self, grammar: Grammar, prompt_length: int | None = None) -> None:
         xgr = require_xgrammar()
         self.grammar = grammar
-        self.prompt_length = prompt_length
-        self._xgr = xgr
+        self.prompt_length = self._given_length = prompt_length
         self._matcher = xgr.GrammarMatcher(grammar.compiled)
         self._tokens: list[int] = []  # the generated tokens the matcher has accepted
         self._bitmask = xgr.allocate_token_bitmask(1, grammar.vocab_size)
         self._stop = torch.tensor(grammar.stop_token_ids, dtype=torch.long)
 
     def __copy__(self) -> GrammarLogitsProcessor:
-        return GrammarLogitsProcessor(self.grammar, self.prompt_length)
+        return GrammarLogitsProcessor(self.grammar, self._given_length)
 
     def reset(self, prompt_length: int | None = None) -> None:
         """Forget the generation followed so far; the next call's ids are the new prompt
         unless ``prompt_length`` says where the constrained text starts."""
-        self.prompt_length = prompt_length
+        self.prompt_length = self._given_length = prompt_length
         self._matcher.reset()
         self._tokens = []
 

@@ -79,14 +79,13 @@ def test_every_tree_node_gets_the_mask_of_its_own_sequence(tokenizer, schema_gra
     bad = encode(tokenizer, "xyz")[0]
     controls = Controls([schema_grammar.processor()])
     generator = torch.Generator().manual_seed(0)
-    committed = 0
+    committed, live = 0, 0
     for accept in (1, 3, 2, 4, 1, 5, 100):
         context = PROMPT + valid[:committed]
-        rest = valid[committed:]
-        candidates = [rest[1:6], rest[1:3] + [bad, rest[3] if len(rest) > 3 else EOS],
-                      [bad] + rest[1:3], rest[1:2] + [EOS, 7]]
-        tree = TokenTree(context[-1] if committed else PROMPT[-1], [c for c in candidates if c])
-        context = context if committed else PROMPT
+        rest = valid[committed:] + [EOS, EOS]
+        candidates = [rest[:5], rest[:2] + [bad, rest[2]], [bad] + rest[:2], rest[:1] + [EOS, 7],
+                      rest[:1] + [rest[2]]]
+        tree = TokenTree(context[-1], candidates)
         logits = torch.randn(len(tree), SMOLLM2_VOCAB, generator=generator, dtype=torch.float64)
         scores = controls.scores(context, tree, logits)
         paths = [[]]
@@ -97,7 +96,9 @@ def test_every_tree_node_gets_the_mask_of_its_own_sequence(tokenizer, schema_gra
             assert finite(scores[node]) == expected, f"node {node}, path {path}"
             kept = scores[node][sorted(expected)]
             assert torch.equal(kept, logits[node, sorted(expected)].float())
+            live += expected != {EOS}
         committed = min(committed + accept, len(valid) - 1)
+    assert live > 30  # most nodes are inside the grammar: the masks are not the dead rows'
     assert committed == len(valid) - 1  # the walk reached the end of the text
 
 

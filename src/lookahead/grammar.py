@@ -240,14 +240,18 @@ class GrammarLogitsProcessor:
         return True
 
     def _mask(self, scores: torch.Tensor, row: int) -> None:
-        """-inf on ``scores[row]``'s tokens the matcher's state forbids."""
+        """-inf on ``scores[row]``'s tokens the matcher's state forbids (in place)."""
         bitmask = self._bitmask
         self._matcher.fill_next_token_bitmask(bitmask)
         vocab = self.grammar.vocab_size
-        allowed = _unpack(bitmask[0].to(scores.device), vocab)
-        line = scores[row]
-        line[:vocab].masked_fill_(~allowed, float("-inf"))
-        line[vocab:] = float("-inf")  # ids past the tokenizer's: never text of the grammar
+        line = scores[row : row + 1]
+        if line.dtype == torch.float32 and line.device.type == "cpu":
+            # xgrammar's own kernel: a few microseconds for 150k logits.
+            require_xgrammar().apply_token_bitmask_inplace(line, bitmask, vocab_size=vocab)
+        else:
+            allowed = _unpack(bitmask[0].to(scores.device), vocab)
+            line[0, :vocab].masked_fill_(~allowed, float("-inf"))
+        line[0, vocab:] = float("-inf")  # ids past the tokenizer's: never text of the grammar
 
     def _stops_only(self, scores: torch.Tensor, row: int) -> None:
         """Only the stop tokens allowed on ``scores[row]``."""

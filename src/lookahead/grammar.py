@@ -169,12 +169,12 @@ class Grammar:
 class GrammarLogitsProcessor:
     """A Hugging Face logits processor: ``-inf`` on every token the grammar forbids next.
 
-    Called with input_ids LongTensor [B, L] and scores FloatTensor [B, V], it returns the
-    scores with the forbidden tokens of each row at ``-inf``. The text it constrains starts
-    after ``prompt_length`` tokens; None: after the ids of its first call (the prompt, as
-    ``model.generate`` and ``lookahead.generate`` make it). One processor follows one
-    generation (``copy.copy`` gives a fresh one, as a batch's rows need); ``reset()``
-    readies it for another.
+    Called with input_ids LongTensor [B, L] and scores FloatTensor [B, V], it sets the
+    forbidden tokens of each row to ``-inf`` (in place) and returns the scores. The text it
+    constrains starts after ``prompt_length`` tokens; None: after the ids of its first call
+    (the prompt, as ``model.generate`` and ``lookahead.generate`` make it). One processor
+    follows one generation (``copy.copy`` gives a fresh one, as a batch's rows need);
+    ``reset()`` readies it for another.
     """
 
     def __init__(self, grammar: Grammar, prompt_length: int | None = None) -> None:
@@ -207,14 +207,15 @@ class GrammarLogitsProcessor:
             raise ValueError(f"input_ids hold {input_ids.shape[1]} tokens, fewer than the "
                              f"prompt's {self.prompt_length}: call reset() before another "
                              "generation")
-        out = scores.clone()
+        # In place, as the scores are the caller's copy (Controls' rows, model.generate's
+        # float32 copy of the logits): a copy of 150k scores per tree node is not free.
         rows = input_ids[:, self.prompt_length:].tolist()
         for row, generated in enumerate(rows):
             if self._follow(generated) and not self._matcher.is_terminated():
-                self._mask(out, row)
+                self._mask(scores, row)
             else:
-                self._stops_only(out, row)
-        return out
+                self._stops_only(scores, row)
+        return scores
 
     def _follow(self, generated: list[int]) -> bool:
         """Bring the matcher to the state after ``generated``; False where the grammar

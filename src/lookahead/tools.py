@@ -74,8 +74,8 @@ def check_tool_choice(tool_choice, tools) -> str:
     function = tool_choice.get("function") if isinstance(tool_choice, Mapping) else None
     name = function.get("name") if isinstance(function, Mapping) else None
     if not isinstance(name, str) or tool_choice.get("type") != "function":
-        raise ValueError("tool_choice must be one of auto, none, required or "
-                         f"{{'type': 'function', 'function': {{'name': ...}}}}, got {tool_choice!r}")
+        raise ValueError("tool_choice must be one of auto, none, required or {'type': "
+                         f"'function', 'function': {{'name': ...}}}}, got {tool_choice!r}")
     if not tools:
         raise ValueError(f"tool_choice names function {name!r} but no tools were given")
     names = [tool["function"]["name"] for tool in check_tools(tools)]

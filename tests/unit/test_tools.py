@@ -126,19 +126,26 @@ def test_render_prompt_puts_the_tools_in_the_template():
                                           chat_template=TOOL_TEMPLATE)
 
 
-@pytest.mark.parametrize("choice", ["get_weather", "set_alarm", "required"])
-@pytest.mark.parametrize("sample", [False, True])
-def test_a_forced_call_parses_and_its_arguments_validate(choice, sample):
+@pytest.fixture(scope="module")
+def tiny():
+    """SmolLM2's tokenizer, a tiny model over its vocabulary and a grammar compiler."""
+    pytest.importorskip("xgrammar")
+    from lookahead.grammar import GrammarCompiler
+
+    tokenizer, model = smollm2_tokenizer(), smollm2_llama()
+    compiler = GrammarCompiler(tokenizer, vocab_size=model.config.vocab_size, stop_token_ids=[2])
+    return tokenizer, model, compiler
+
+
+@pytest.mark.parametrize(("choice", "sample"), [("get_weather", False), ("set_alarm", True),
+                                                ("required", False), ("required", True)])
+def test_a_forced_call_parses_and_its_arguments_validate(tiny, choice, sample):
     """A tiny random model under the call grammar writes one call block that parses into a
     call of the chosen function (any, for "required") whose arguments fit its schema."""
     jsonschema = pytest.importorskip("jsonschema")
-    from lookahead.grammar import GrammarCompiler
-
-    tokenizer = smollm2_tokenizer()
-    model = smollm2_llama()
+    tokenizer, model, compiler = tiny
     tool_choice = choice if choice == "required" else {"type": "function",
                                                        "function": {"name": choice}}
-    compiler = GrammarCompiler(tokenizer, vocab_size=model.config.vocab_size, stop_token_ids=[2])
     grammar = tool_call_grammar(compiler, TOOLS, tool_choice)
     prompt = render_prompt(tokenizer, [{"role": "user", "content": "Weather?"}], TOOLS,
                            tool_choice, chat_template=TOOL_TEMPLATE)
@@ -156,9 +163,7 @@ def test_a_forced_call_parses_and_its_arguments_validate(choice, sample):
     jsonschema.validate(json.loads(calls[0]["function"]["arguments"]), schema)
 
 
-def test_auto_and_none_leave_the_model_free():
-    from lookahead.grammar import GrammarCompiler
-
-    compiler = GrammarCompiler(smollm2_tokenizer())
+def test_auto_and_none_leave_the_model_free(tiny):
+    compiler = tiny[2]
     assert tool_call_grammar(compiler, TOOLS, "auto") is None
     assert tool_call_grammar(compiler, TOOLS, "none") is None

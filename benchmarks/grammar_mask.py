@@ -106,8 +106,10 @@ def walk_llguidance(tokenizer, vocab, tokens, eos, rollback, repeat):
                                                                 eos_token=eos))
     grammar = llguidance.LLMatcher.grammar_from_json_schema(
         json.dumps(SCHEMA), defaults={"whitespace_flexible": False})
-    _, compile_s = timed(lambda: llguidance.LLMatcher(lltok, grammar))
     bitmask = llguidance.torch.allocate_token_bitmask(1, vocab)
+    # The matcher compiles lazily: creation and the first mask together are its compile time.
+    _, compile_s = timed(lambda: llguidance.torch.fill_next_token_bitmask(
+        llguidance.LLMatcher(lltok, grammar), bitmask))
     masks, rollbacks = [], []
     for _ in range(repeat):
         matcher = llguidance.LLMatcher(lltok, grammar)

@@ -1,4 +1,4 @@
-# nice -n 10 python benchmarks/grammar_mask.py --tokenizer smollm2 --tokenizer qwen2.5-coder-0.5b
+# nice -n 10 python benchmarks/grammar_mask.py --tokenizer smollm2 --tokenizer qwen2.5-coder-0.5b --tree
 """Per-token mask cost, schema compile time and rollback cost of three grammar libraries.
 
 For one JSON schema (nested objects, enums, arrays, a string, an integer) a valid instance is
@@ -165,6 +165,39 @@ def walk_outlines(tokenizer, vocab, tokens, eos, rollback, repeat):
     return vocab_s, compile_s, masks, rollbacks
 
 
+def tree_cost(tokenizer, vocab, tokens, eos, repeat):
+    """Microseconds per tree node spent in ``lookahead.grammar``'s processor when
+    ``Controls.scores`` calls it, over trees of 4 candidates (a valid 5-token run, a branch
+    through a forbidden token, two short ones) at every position of the text. Only the
+    processor's own time counts: ``Controls``' per-node indexing is the same for any
+    processor that is not row-wise."""
+    from lookahead.attention import TokenTree
+    from lookahead.controls import Controls
+    from lookahead.grammar import GrammarCompiler
+
+    grammar = GrammarCompiler(tokenizer, vocab_size=vocab, stop_token_ids=[eos]).json_schema(
+        SCHEMA, any_whitespace=False)
+    prompt, bad = [1, 2, 3], tokenizer.encode("xyz", add_special_tokens=False)[0]
+    spent, nodes = [0.0], 0
+    for _ in range(repeat):
+        processor = grammar.processor()
+
+        def timed_processor(ids, scores, processor=processor):
+            start = time.perf_counter()
+            out = processor(ids, scores)
+            spent[0] += time.perf_counter() - start
+            return out
+
+        controls = Controls([timed_processor])
+        for at in range(len(tokens) - 1):
+            rest = tokens[at:] + [eos] * 5
+            tree = TokenTree((prompt + tokens[:at])[-1], [rest[:5], rest[:2] + [bad, rest[2]],
+                                                          rest[1:3], rest[:1] + [rest[2]]])
+            controls.scores(prompt + tokens[:at], tree, torch.randn(len(tree), vocab))
+            nodes += len(tree)
+    return spent[0] / nodes
+
+
 WALKS = {"xgrammar": walk_xgrammar, "llguidance": walk_llguidance, "outlines-core": walk_outlines}
 
 
@@ -174,6 +207,8 @@ def main() -> None:
     parser.add_argument("--library", action="append", choices=list(WALKS))
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--rollback", type=int, default=8, help="tokens rolled back and redone")
+    parser.add_argument("--tree", action="store_true",
+                        help="also: lookahead.grammar's cost per tree node in Controls.scores")
     args = parser.parse_args()
     text = json.dumps(INSTANCE, separators=(",", ":"))
     print("| tokenizer | library | vocab prep (s) | compile (s) | mask per token (us, median) "
@@ -194,6 +229,11 @@ def main() -> None:
                   f"| {statistics.mean(masks) * 1e6:.0f} "
                   f"| {masks[int(0.9 * len(masks))] * 1e6:.0f} "
                   f"| {statistics.median(rollbacks) / args.rollback * 1e6:.1f} |", flush=True)
+        if args.tree:
+            cost = tree_cost(tokenizer, vocab, tokens, tokenizer.eos_token_id, args.repeat)
+            print(f"{name}: lookahead.grammar's processor under Controls.scores: "
+                  f"{cost * 1e6:.0f} us per tree node (CPU float32 logits; walk, mask, rollback)",
+                  flush=True)
 
 
 if __name__ == "__main__":

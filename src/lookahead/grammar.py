@@ -184,7 +184,6 @@ class GrammarLogitsProcessor:
         self._matcher = xgr.GrammarMatcher(grammar.compiled)
         self._tokens: list[int] = []  # the generated tokens the matcher has accepted
         self._bitmask = xgr.allocate_token_bitmask(1, grammar.vocab_size)
-        self._stop = torch.tensor(grammar.stop_token_ids, dtype=torch.long)
 
     def __copy__(self) -> GrammarLogitsProcessor:
         return GrammarLogitsProcessor(self.grammar, self._given_length)
@@ -252,13 +251,17 @@ class GrammarLogitsProcessor:
         else:
             allowed = _unpack(bitmask[0].to(scores.device), vocab)
             line[0, :vocab].masked_fill_(~allowed, float("-inf"))
-        line[0, vocab:] = float("-inf")  # ids past the tokenizer's: never text of the grammar
+        if line.shape[1] > vocab:  # ids past the tokenizer's: never text of the grammar
+            line[0, vocab:] = float("-inf")
 
     def _stops_only(self, scores: torch.Tensor, row: int) -> None:
         """Only the stop tokens allowed on ``scores[row]``."""
-        keep = scores[row, self._stop.to(scores.device)].clone()
-        scores[row] = float("-inf")
-        scores[row, self._stop.to(scores.device)] = keep
+        line = scores[row]
+        # A few scalar reads and writes: no index tensor to build per node.
+        kept = [(token, line[token].item()) for token in self.grammar.stop_token_ids]
+        line.fill_(float("-inf"))
+        for token, value in kept:
+            line[token] = value
 
 
 def _unpack(bitmask: torch.Tensor, vocab: int) -> torch.Tensor:

@@ -167,3 +167,39 @@ def test_auto_and_none_leave_the_model_free(tiny):
     compiler = tiny[2]
     assert tool_call_grammar(compiler, TOOLS, "auto") is None
     assert tool_call_grammar(compiler, TOOLS, "none") is None
+
+
+def test_qwen_template_calls_are_the_grammar_and_parse_back():
+    """With Qwen2.5's own tokenizer and chat template: the tools are rendered, and an
+    assistant turn with a call, as the template writes it, is a complete text of the forced
+    call grammar and parses back into that call."""
+    pytest.importorskip("xgrammar")
+    from transformers import AutoTokenizer
+
+    from lookahead.grammar import GrammarCompiler
+    from lookahead.models.gguf import find_gguf
+    from lookahead.models.registry import ModelNotAvailableError, get_model_spec
+
+    try:
+        path = find_gguf(get_model_spec("qwen2.5-coder-0.5b"))
+    except ModelNotAvailableError:
+        pytest.skip("qwen2.5-coder-0.5b is not installed (lookahead install-model)")
+    tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    messages = [{"role": "user", "content": "Weather in Lima?"}]
+    prompt = render_prompt(tokenizer, messages, TOOLS, "required")
+    assert "<tools>" in prompt and '"name": "set_alarm"' in prompt
+    arguments = {"city": "Lima", "unit": "fahrenheit"}
+    turn = messages + [{"role": "assistant", "content": "", "tool_calls": [
+        {"type": "function", "function": {"name": "get_weather", "arguments": arguments}}]}]
+    whole = tokenizer.apply_chat_template(turn, tools=TOOLS, tokenize=False)
+    block = whole[len(prompt):].split("<|im_end|>")[0]
+    compiler = GrammarCompiler(tokenizer, vocab_size=151936, stop_token_ids=[151645, 151643])
+    for choice in ("required", {"type": "function", "function": {"name": "get_weather"}}):
+        grammar = tool_call_grammar(compiler, TOOLS, choice)
+        assert grammar.matches(tokenizer.encode(block, add_special_tokens=False)), block
+    wrong = tool_call_grammar(compiler, TOOLS, {"type": "function",
+                                                "function": {"name": "set_alarm"}})
+    assert not wrong.matches(tokenizer.encode(block, add_special_tokens=False))
+    content, calls = parse_tool_calls(block)
+    assert content is None and [c["function"]["name"] for c in calls] == ["get_weather"]
+    assert json.loads(calls[0]["function"]["arguments"]) == arguments

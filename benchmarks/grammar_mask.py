@@ -87,7 +87,7 @@ def walk_xgrammar(tokenizer, vocab, tokens, eos, rollback, repeat):
     for _ in range(repeat):
         matcher = xgr.GrammarMatcher(compiled)
         for token in tokens:
-            masks.append(timed(lambda: matcher.fill_next_token_bitmask(bitmask))[1])
+            masks.append(timed(lambda m=matcher: m.fill_next_token_bitmask(bitmask))[1])
             assert matcher.accept_token(token), token
         start = time.perf_counter()
         matcher.rollback(rollback)
@@ -114,8 +114,8 @@ def walk_llguidance(tokenizer, vocab, tokens, eos, rollback, repeat):
     for _ in range(repeat):
         matcher = llguidance.LLMatcher(lltok, grammar)
         for token in tokens:
-            masks.append(timed(lambda: llguidance.torch.fill_next_token_bitmask(
-                matcher, bitmask))[1])
+            masks.append(timed(lambda m=matcher: llguidance.torch.fill_next_token_bitmask(
+                m, bitmask))[1])
             assert matcher.consume_token(token), (token, matcher.get_error())
         start = time.perf_counter()
         matcher.rollback(rollback)
@@ -153,7 +153,7 @@ def walk_outlines(tokenizer, vocab, tokens, eos, rollback, repeat):
         guide = outlines_core.Guide(index, max_rollback=len(tokens))
         # (the rollback below redoes the last tokens before EOS)
         for token in tokens:
-            masks.append(timed(lambda: guide.write_mask_into(
+            masks.append(timed(lambda guide=guide: guide.write_mask_into(
                 mask.data_ptr(), mask.numel(), mask.element_size()))[1])
             if token != eos:  # a final state has no transition on EOS in the index
                 guide.advance(token, return_tokens=False)

@@ -12,7 +12,7 @@ from tiny import METHOD_CASES, run, smollm2_llama, smollm2_tokenizer
 xgr = pytest.importorskip("xgrammar")
 jsonschema = pytest.importorskip("jsonschema")
 
-from lookahead.grammar import GrammarCompiler  # noqa: E402
+from lookahead.grammar import GrammarCompiler
 
 EOS = 2
 # Bounded: enums, booleans, fixed keys and a short array, so that a random model's

@@ -15,7 +15,7 @@ from lookahead.controls import Controls
 
 xgr = pytest.importorskip("xgrammar")
 
-from lookahead.grammar import GrammarCompiler, GrammarLogitsProcessor  # noqa: E402
+from lookahead.grammar import GrammarCompiler, GrammarLogitsProcessor
 
 SCHEMA = {
     "type": "object",

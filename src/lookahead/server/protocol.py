@@ -1,11 +1,11 @@
 """The OpenAI wire format: request bodies (validated by pydantic), responses and errors.
 
 Only what the engine can honour is accepted: ``echo``, ``suffix``, ``best_of`` other than
-``n``, and in chat a JSON ``response_format`` and ``tools`` (or ``functions``) are refused with
-a 400 naming the field, rather than silently ignored: a client that asked for JSON or a tool
-call would otherwise get free text it cannot parse. Unknown fields are ignored, as OpenAI
-does. ``n``, ``logprobs`` (chat: with ``top_logprobs``), ``presence_penalty``,
-``frequency_penalty``, ``logit_bias`` and vLLM's ``repetition_penalty`` are honoured.
+``n``, and the legacy ``functions`` / ``function_call`` are refused with a 400 naming the
+field, rather than silently ignored. Unknown fields are ignored, as OpenAI does. ``n``,
+``logprobs`` (chat: with ``top_logprobs``), ``presence_penalty``, ``frequency_penalty``,
+``logit_bias``, vLLM's ``repetition_penalty``, and in chat ``response_format`` (JSON mode and
+JSON schema) and ``tools`` / ``tool_choice`` (``lookahead.server.structured``) are honoured.
 
 The extra body field ``lookahead`` picks the method and its shape per request::
 
@@ -191,6 +191,8 @@ class ContentPart(_Strict):
 class ChatMessage(_Strict):
     role: Literal["system", "user", "assistant", "developer", "tool"]
     content: str | list[ContentPart] | None = None
+    tool_calls: list[dict[str, Any]] | None = None  # an assistant's calls, earlier in the chat
+    tool_call_id: str | None = None  # a tool's answer: the call it answers
 
     @property
     def text(self) -> str:
@@ -223,27 +225,23 @@ class ChatCompletionRequest(_Sampling):
 
     @field_validator("response_format")
     @classmethod
-    def _text_only(cls, value):
+    def _known_format(cls, value):
         kind = (value or {}).get("type", "text")
-        if kind != "text":
-            raise refuse("unsupported_value", f"only {{'type': 'text'}} is supported (no JSON "
-                         f"mode or schema), got type {kind!r}")
+        if kind not in ("text", "json_object", "json_schema"):
+            raise refuse("unsupported_value", "response_format's type must be text, "
+                         f"json_object or json_schema, got {kind!r}")
+        if kind == "json_schema" and not isinstance(
+                (value.get("json_schema") or {}).get("schema"), dict):
+            raise refuse("invalid_value", "response_format json_schema needs "
+                         "json_schema.schema, a JSON schema object")
         return value
 
-    @field_validator("tools", "functions")
+    @field_validator("functions", "function_call")
     @classmethod
-    def _no_tools(cls, value, info):
+    def _no_legacy_functions(cls, value, info):
         if value:
-            raise refuse("unsupported_parameter",
-                         f"{info.field_name} (tool calling) is not supported")
-        return value
-
-    @field_validator("tool_choice", "function_call")
-    @classmethod
-    def _no_tool_choice(cls, value, info):
-        if value not in (None, "none"):
-            raise refuse("unsupported_value", f"tool calling is not supported; leave "
-                         f"{info.field_name} out or set it to 'none'")
+            raise refuse("unsupported_parameter", f"{info.field_name} (the legacy function "
+                         "calling) is not supported: use tools and tool_choice")
         return value
 
     @property
@@ -336,11 +334,15 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
     }
 
 
-def choice_body(index: int, text: str, reason: str, chat: bool, logprobs=None) -> dict:
-    """One choice of a whole response."""
+def choice_body(index: int, text: str | None, reason: str, chat: bool, logprobs=None,
+                tool_calls: list[dict] | None = None) -> dict:
+    """One choice of a whole response (``tool_calls``: the calls parsed from the answer)."""
     if chat:
-        return {"index": index, "message": {"role": "assistant", "content": text},
-                "logprobs": logprobs, "finish_reason": reason}
+        message = {"role": "assistant", "content": text}
+        if tool_calls:
+            message["tool_calls"] = tool_calls
+        return {"index": index, "message": message, "logprobs": logprobs,
+                "finish_reason": "tool_calls" if tool_calls else reason}
     return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": reason}
 
 
@@ -360,14 +362,17 @@ def completion_body(rid, model, choices: list[dict], usage_, chat: bool, stats=N
 
 
 def chunk_body(rid, model, chat: bool, text=None, reason=None, role=False, usage_=None,
-               index: int = 0, logprobs=None) -> dict:
-    """One SSE chunk of choice ``index``; with ``usage_`` the usage-only chunk (no choices)."""
+               index: int = 0, logprobs=None, tool_calls: list[dict] | None = None) -> dict:
+    """One SSE chunk of choice ``index``; with ``usage_`` the usage-only chunk (no choices);
+    ``tool_calls``: calls completed in this chunk, each with its ``index``."""
     if usage_ is not None:
         choices = []
     elif chat:
         delta = {"role": "assistant", "content": ""} if role else {}
         if text:
             delta["content"] = text
+        if tool_calls:
+            delta["tool_calls"] = tool_calls
         choices = [{"index": index, "delta": delta, "logprobs": logprobs,
                     "finish_reason": reason}]
     else:

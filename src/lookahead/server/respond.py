@@ -32,6 +32,7 @@ from lookahead.server.requests import (
     RequestHandle,
     TokenEvent,
 )
+from lookahead.server.structured import StreamSplitter, split_answer
 from lookahead.stats import GenerationStats
 
 # ErrorEvent.code -> (HTTP status, OpenAI error type, error code)
@@ -49,10 +50,14 @@ def error_event_body(event: ErrorEvent) -> tuple[int, dict]:
 
 
 def stream_response(handles: list[RequestHandle], rid: str, model: str, chat: bool,
-                    include_usage: bool, formatters: list | None = None) -> StreamingResponse:
+                    include_usage: bool, formatters: list | None = None,
+                    calls: bool = False) -> StreamingResponse:
     """The choices' events as server-sent events; ``formatters``: one ``LogprobFormatter``
-    per choice where ``logprobs`` was asked for, else None."""
-    return StreamingResponse(_sse(handles, rid, model, chat, include_usage, formatters),
+    per choice where ``logprobs`` was asked for, else None; ``calls``: the answers may hold
+    tool calls, sent as ``tool_calls`` deltas once each is complete."""
+    splitters = [StreamSplitter() for _ in handles] if calls else None
+    return StreamingResponse(_sse(handles, rid, model, chat, include_usage, formatters,
+                                  splitters),
                              media_type="text/event-stream",
                              headers={"Cache-Control": "no-cache"})
 
@@ -92,8 +97,23 @@ def _logprobs(formatters: list | None, index: int, records) -> dict | None:
     return formatters[index].format(records)
 
 
+def _token_chunk(rid, model, chat, index: int, text: str, splitters, logprobs=None,
+                 reason=None) -> dict:
+    """A chunk of new text (and the finish reason), its tool calls split off when asked."""
+    if splitters is None:
+        return chunk_body(rid, model, chat, text=text, index=index, logprobs=logprobs,
+                          reason=reason)
+    splitter = splitters[index]
+    content, calls = splitter.feed(text)
+    if reason is not None:
+        content += splitter.finish()
+        reason = "tool_calls" if splitter.calls else reason
+    return chunk_body(rid, model, chat, text=content, index=index, logprobs=logprobs,
+                      reason=reason, tool_calls=calls)
+
+
 async def _sse(handles, rid: str, model: str, chat: bool, include_usage: bool,
-               formatters) -> AsyncIterator[str]:
+               formatters, splitters=None) -> AsyncIterator[str]:
     """The response's server-sent events; leaving early (the client left) cancels the
     requests, and so does one choice failing (the error event ends the stream)."""
     ended: set[int] = set()
@@ -104,13 +124,14 @@ async def _sse(handles, rid: str, model: str, chat: bool, include_usage: bool,
                 yield _sse_data(chunk_body(rid, model, chat, role=True, index=index))
         async for index, event in _merged(handles):
             if isinstance(event, TokenEvent):
-                yield _sse_data(chunk_body(rid, model, chat, text=event.text, index=index,
-                                           logprobs=_logprobs(formatters, index, event.logprobs)))
+                yield _sse_data(_token_chunk(rid, model, chat, index, event.text, splitters,
+                                             _logprobs(formatters, index, event.logprobs)))
             elif isinstance(event, FinishEvent):
                 ended.add(index)
                 completion += event.completion_tokens
-                yield _sse_data(chunk_body(rid, model, chat, reason=event.reason, index=index,
-                                           logprobs=_logprobs(formatters, index, event.logprobs)))
+                yield _sse_data(_token_chunk(rid, model, chat, index, "", splitters,
+                                             _logprobs(formatters, index, event.logprobs),
+                                             event.reason))
                 if include_usage and len(ended) == len(handles):
                     counts = usage(event.prompt_tokens, completion)
                     yield _sse_data(chunk_body(rid, model, chat, usage_=counts))
@@ -127,7 +148,7 @@ async def _sse(handles, rid: str, model: str, chat: bool, include_usage: bool,
 
 async def complete_response(request: Request, handles: list[RequestHandle], rid: str,
                             model: str, chat: bool, with_stats: bool,
-                            formatters: list | None = None) -> Response:
+                            formatters: list | None = None, calls: bool = False) -> Response:
     """Wait for every choice's whole answer, watching for the client going away meanwhile.
 
     with_stats: add the engine's figures (steps, tokens per step, ...) as ``lookahead``
@@ -163,9 +184,14 @@ async def complete_response(request: Request, handles: list[RequestHandle], rid:
     if failed:
         status, body = error_event_body(failed[0])
         return JSONResponse(body, status_code=status)
-    choices = [choice_body(index, "".join(texts[index]), event.reason, chat,
-                           formatters[index].format(records[index]) if formatters else None)
-               for index, event in enumerate(final)]
+    choices = []
+    for index, event in enumerate(final):
+        text, tool_calls = "".join(texts[index]), None
+        if calls:  # the answer's tool calls, parsed out of its text
+            text, tool_calls = split_answer(text)
+        choices.append(choice_body(index, text, event.reason, chat,
+                                   formatters[index].format(records[index]) if formatters
+                                   else None, tool_calls))
     stats = stats_body([event.stats for event in final]) if with_stats else None
     counts = usage(final[0].prompt_tokens, sum(event.completion_tokens for event in final))
     return JSONResponse(completion_body(rid, model, choices, counts, chat, stats))

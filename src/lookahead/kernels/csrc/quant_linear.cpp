@@ -1,6 +1,5 @@
-// y = x @ W.T + b for a weight W kept in GGUF's quantized blocks (Q4_0, Q4_1, Q5_0, Q8_0, Q4_K,
-// Q6_K)
-// and a few rows x, by integer dot products: each weight is read from memory once per pass and
+// y = x @ W.T + b for a weight W kept in GGUF's quantized blocks (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0,
+// IQ4_NL, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS) and a few rows x, by integer dot products: each weight is read from memory once per pass and
 // multiplied into up to kRows token rows.
 //
 // Why our own: decoding a 1.5B model on a CPU is bound by reading its weights (Q4_K_M: 1.04
@@ -45,7 +44,14 @@
 
 namespace {
 
-enum QType : int { kQ4_0 = 2, kQ4_1 = 3, kQ5_0 = 6, kQ8_0 = 8, kQ4_K = 12, kQ6_K = 14 };
+enum QType : int {
+  kQ4_0 = 2, kQ4_1 = 3, kQ5_0 = 6, kQ5_1 = 7, kQ8_0 = 8, kQ2_K = 10, kQ3_K = 11, kQ4_K = 12,
+  kQ5_K = 13, kQ6_K = 14, kIQ4_NL = 20, kIQ4_XS = 23
+};
+// IQ4_NL's and IQ4_XS's 16 levels (ggml's kvalues_iq4nl) plus 128, as unsigned bytes: a
+// looked-up quant then goes through the Q8_0 product (dot_q8), offset 128 included.
+alignas(16) constexpr uint8_t kLevels[16] = {1, 24, 45, 63, 79, 93, 106, 118,
+                                             129, 141, 153, 166, 181, 197, 217, 241};
 constexpr int kGroup = 16;          // outputs per record
 // Bytes of records ahead to ask memory for. Without it, a pass of 8 rows over a Q4_K layer
 // read from memory took 1.8 times its time from cache (memory and arithmetic did not
@@ -82,6 +88,11 @@ struct V {
   static I dot(I acc, I u, I s) { return _mm512_dpbusd_epi32(acc, u, s); }
   static I dot_q8(I acc, I u, I s) { return _mm512_dpbusd_epi32(acc, u, s); }
   static I dot16(I acc, I a, I b) { return _mm512_dpwssd_epi32(acc, a, b); }
+  // 16 bytes in every 128-bit lane; lookup: each byte of idx (0..15) picks one of them
+  static I table(const uint8_t* p) {
+    return _mm512_broadcast_i32x4(_mm_load_si128(reinterpret_cast<const __m128i*>(p)));
+  }
+  static I lookup(I t, I idx) { return _mm512_shuffle_epi8(t, idx); }
   static I mul(I a, I b) { return _mm512_mullo_epi32(a, b); }
   static I add(I a, I b) { return _mm512_add_epi32(a, b); }
   static I u8x32(const uint8_t* p) {
@@ -134,6 +145,10 @@ struct V {
     return dot(acc, _mm256_sign_epi8(w, w), _mm256_sign_epi8(s, w));
   }
   static I dot16(I acc, I a, I b) { return _mm256_add_epi32(acc, _mm256_madd_epi16(a, b)); }
+  static I table(const uint8_t* p) {
+    return _mm256_broadcastsi128_si256(_mm_load_si128(reinterpret_cast<const __m128i*>(p)));
+  }
+  static I lookup(I t, I idx) { return _mm256_shuffle_epi8(t, idx); }
   static I mul(I a, I b) { return _mm256_mullo_epi32(a, b); }
   static I add(I a, I b) { return _mm256_add_epi32(a, b); }
   static I u8x32(const uint8_t* p) {
@@ -202,100 +217,168 @@ inline void finish(const I* isum, const I* msum, F d, F dmin, const Rows& a, int
   }
 }
 
-// One Q4_K block: 256 inputs, 8 sub-blocks of 32 with 6-bit scale and min. lane0: first
-// output of this call within the record (AVX2 takes the 16 outputs in two halves).
-template <int R>
-void q4k(const uint8_t* rec, int64_t /*count*/, const Rows& a, const uint8_t* ahead, int lane0,
-         bool first) {
-  // Independent sums per row: vpdpbusd's latency is 4 cycles, its throughput 1 a cycle, so
-  // one or two rows keep several chains in flight (integers: their order changes nothing).
-  constexpr int S = R >= 4 ? 1 : 4 / R;
-  const I low = V::set8(0x0F);
-  I isum[R], acc[R][S];
-  for (int r = 0; r < R; ++r) isum[r] = V::zero();
-  for (int j = 0; j < 8; ++j) {
-    prefetch_lines(ahead, j * 296, (j + 1) * 296, a.once);  // 2368 bytes a record: an eighth
-    for (int r = 0; r < R; ++r)
-      for (int s = 0; s < S; ++s) acc[r][s] = V::zero();
-    for (int c = 0; c < 4; ++c) {
-      const I p = V::load(rec + (4 * j + c) * 64 + lane0 * 4);
-      const I lo = V::and_(p, low), hi = V::and_(V::srl<4>(p), low);
-      const int8_t* x = a.xq + 32 * j + 8 * c;
-      for (int r = 0; r < R; ++r) {
-        I& even = acc[r][(2 * c) % S];
-        even = V::dot(even, lo, bcast(x + r * a.ldx));
-        I& odd = acc[r][(2 * c + 1) % S];
-        odd = V::dot(odd, hi, bcast(x + r * a.ldx + 4));
-      }
-    }
-    const I sc = V::u8x32(rec + 2048 + 16 * j + lane0);
-    for (int r = 0; r < R; ++r) {
-      for (int s = 1; s < S; ++s) acc[r][0] = V::add(acc[r][0], acc[r][s]);
-      isum[r] = V::add(isum[r], V::mul(acc[r][0], sc));
-    }
-  }
-  I pairs[4], msum[R];
-  for (int p = 0; p < 4; ++p) pairs[p] = V::u8x16(rec + 2176 + 32 * p + 2 * lane0);
-  for (int r = 0; r < R; ++r) {
-    msum[r] = V::zero();   // the min sums: over sub-blocks, m * sum(x)
-    for (int p = 0; p < 4; ++p)
-      msum[r] = V::dot16(msum[r], pairs[p], V::set1(load32(a.xs + r * a.ldxs + 2 * p)));
-  }
-  finish<R, true>(isum, msum, V::half(rec + 2304 + 2 * lane0), V::half(rec + 2336 + 2 * lane0),
-                  a, 0, first);
-}
-
-// One Q6_K block: 256 inputs, 16 sub-blocks of 16 with an int8 scale; quants 0..63, less 32.
-template <int R>
-void q6k(const uint8_t* rec, int64_t /*count*/, const Rows& a, const uint8_t* ahead, int lane0,
-         bool first) {
-  constexpr int S = R >= 4 ? 1 : 4 / R;   // independent sums per row, as in q4k
-  const I low = V::set8(0x0F), high = V::set8(0x30);
-  I isum[R], two[R][S];
-  for (int r = 0; r < R; ++r) isum[r] = V::zero();
-  for (int j = 0; j < 16; ++j) {
-    prefetch_lines(ahead, j * 210, (j + 1) * 210, a.once);   // 3360 bytes a record
-    for (int r = 0; r < R; ++r) {
-      two[r][0] = V::set1(-32 * a.xs[r * a.ldxs + j]);
-      for (int s = 1; s < S; ++s) two[r][s] = V::zero();
-    }
-    const I p0 = V::load(rec + 128 * j + lane0 * 4), p1 = V::load(rec + 128 * j + 64 + lane0 * 4);
-    const I h = V::load(rec + 2048 + 64 * j + lane0 * 4);
-    const I q[4] = {V::or_(V::and_(p0, low), V::and_(V::sll<4>(h), high)),
-                    V::or_(V::and_(V::srl<4>(p0), low), V::and_(V::sll<2>(h), high)),
-                    V::or_(V::and_(p1, low), V::and_(h, high)),
-                    V::or_(V::and_(V::srl<4>(p1), low), V::and_(V::srl<2>(h), high))};
-    const int8_t* x = a.xq + 16 * j;
-    for (int k = 0; k < 4; ++k)
-      for (int r = 0; r < R; ++r)
-        two[r][k % S] = V::dot(two[r][k % S], q[k], bcast(x + r * a.ldx + 4 * k));
-    const I sc = V::i8x32(rec + 3072 + 16 * j + lane0);
-    for (int r = 0; r < R; ++r) {
-      for (int s = 1; s < S; ++s) two[r][0] = V::add(two[r][0], two[r][s]);
-      isum[r] = V::add(isum[r], V::mul(two[r][0], sc));
-    }
-  }
-  finish<R, false>(isum, isum, V::half(rec + 3328 + 2 * lane0), V::setf(0.f), a, 0, first);
-}
-
-// Q5_0's fifth bits: bit k of each byte of h, moved to bit 4 (the bytes' other bits cleared).
-// Shifts of 16-bit lanes by at most 4 keep bit 4 of each byte within its byte.
+// Q5_0's and Q5_K's fifth bits: bit k of each byte of h, moved to bit 4 (the bytes' other
+// bits cleared). Shifts of 16-bit lanes by at most 4 keep bit 4 of each byte within its byte.
 inline I fifth_bit(I h, int k) {
   const I bit = V::set8(0x10);
   return V::and_(k <= 4 ? V::sll_n(h, 4 - k) : V::srl_n(h, k - 4), bit);
 }
 
-// `count` blocks of 32 inputs (Q4_0, Q4_1, Q5_0, Q8_0), one float16 scale (and min) each.
+// Where the parts of a record of 256 inputs in sub-blocks of 32 lie (quant_formats.pack):
+// Q4_K, Q5_K (a plane of fifth bits after the nibbles) and IQ4_XS (nibbles index kLevels;
+// int8 scales; no mins).
+template <int QT>
+struct K32 {
+  static constexpr bool kFive = QT == kQ5_K, kCode = QT == kIQ4_XS, kMin = !kCode;
+  static constexpr int64_t kScales = 2048 + (kFive ? 512 : 0);
+  static constexpr int64_t kMins = kScales + 128;
+  static constexpr int64_t kD = kMins + (kMin ? 128 : 0);
+  static constexpr int64_t kRecord = kD + (kMin ? 64 : 32);
+};
+
+// The min sums of `P` sub-block pairs: m * sum(x) over the sub-blocks, by int16 pairs.
+template <int R, int P>
+inline void min_sums(const uint8_t* mins, const Rows& a, int lane0, I* msum) {
+  I pairs[P];
+  for (int p = 0; p < P; ++p) pairs[p] = V::u8x16(mins + 32 * p + 2 * lane0);
+  for (int r = 0; r < R; ++r) {
+    msum[r] = V::zero();
+    for (int p = 0; p < P; ++p)
+      msum[r] = V::dot16(msum[r], pairs[p], V::set1(load32(a.xs + r * a.ldxs + 2 * p)));
+  }
+}
+
+// One block of 256 inputs in 8 sub-blocks of 32 (K32's types). lane0: first output of this
+// call within the record (AVX2 takes the 16 outputs in two halves).
+template <int R, int QT>
+void k32(const uint8_t* rec, int64_t /*count*/, const Rows& a, const uint8_t* ahead, int lane0,
+         bool first) {
+  using L = K32<QT>;
+  // Independent sums per row: vpdpbusd's latency is 4 cycles, its throughput 1 a cycle, so
+  // one or two rows keep several chains in flight (integers: their order changes nothing).
+  constexpr int S = R >= 4 ? 1 : 4 / R;
+  constexpr int32_t kOffset = L::kCode && V::kQ8Offset ? 128 : 0;
+  const I low = V::set8(0x0F);
+  const I levels = L::kCode ? V::table(kLevels) : V::zero();
+  I isum[R], acc[R][S];
+  for (int r = 0; r < R; ++r) isum[r] = V::zero();
+  for (int j = 0; j < 8; ++j) {
+    prefetch_lines(ahead, j * L::kRecord / 8, (j + 1) * L::kRecord / 8, a.once);
+    for (int r = 0; r < R; ++r) {
+      acc[r][0] = V::set1(-kOffset * a.xs[r * a.ldxs + j]);
+      for (int s = 1; s < S; ++s) acc[r][s] = V::zero();
+    }
+    const I h = L::kFive ? V::load(rec + 2048 + 64 * j + lane0 * 4) : V::zero();
+    for (int c = 0; c < 4; ++c) {
+      const I p = V::load(rec + (4 * j + c) * 64 + lane0 * 4);
+      I lo = V::and_(p, low), hi = V::and_(V::srl<4>(p), low);
+      if constexpr (L::kFive) {   // inputs 8c + b and 8c + 4 + b: bits 2c and 2c + 1
+        lo = V::or_(lo, fifth_bit(h, 2 * c));
+        hi = V::or_(hi, fifth_bit(h, 2 * c + 1));
+      }
+      if constexpr (L::kCode) { lo = V::lookup(levels, lo); hi = V::lookup(levels, hi); }
+      const int8_t* x = a.xq + 32 * j + 8 * c;
+      for (int r = 0; r < R; ++r) {
+        I& even = acc[r][(2 * c) % S];
+        I& odd = acc[r][(2 * c + 1) % S];
+        if constexpr (L::kCode) {
+          even = V::dot_q8(even, lo, bcast(x + r * a.ldx));
+          odd = V::dot_q8(odd, hi, bcast(x + r * a.ldx + 4));
+        } else {
+          even = V::dot(even, lo, bcast(x + r * a.ldx));
+          odd = V::dot(odd, hi, bcast(x + r * a.ldx + 4));
+        }
+      }
+    }
+    const uint8_t* scales = rec + L::kScales + 16 * j + lane0;
+    const I sc = L::kCode ? V::i8x32(scales) : V::u8x32(scales);
+    for (int r = 0; r < R; ++r) {
+      for (int s = 1; s < S; ++s) acc[r][0] = V::add(acc[r][0], acc[r][s]);
+      isum[r] = V::add(isum[r], V::mul(acc[r][0], sc));
+    }
+  }
+  const F d = V::half(rec + L::kD + 2 * lane0);
+  if constexpr (L::kMin) {
+    I msum[R];
+    min_sums<R, 4>(rec + L::kMins, a, lane0, msum);
+    finish<R, true>(isum, msum, d, V::half(rec + L::kD + 32 + 2 * lane0), a, 0, first);
+  } else {
+    finish<R, false>(isum, isum, d, V::setf(0.f), a, 0, first);
+  }
+}
+
+// Where the parts of a record of 256 inputs in sub-blocks of 16 lie: Q6_K (a plane of two
+// high bits after the nibbles; quants 0..63, less 32), Q3_K (nibbles 0..7, less 4) and Q2_K
+// (nibbles 0..3, with mins); int8 scales (Q2_K's are 0..15).
+template <int QT>
+struct K16 {
+  static constexpr bool kHigh = QT == kQ6_K, kMin = QT == kQ2_K;
+  static constexpr int32_t kOffset = QT == kQ6_K ? 32 : (QT == kQ3_K ? 4 : 0);
+  static constexpr int64_t kScales = 2048 + (kHigh ? 1024 : 0);
+  static constexpr int64_t kMins = kScales + 256;
+  static constexpr int64_t kD = kMins + (kMin ? 256 : 0);
+  static constexpr int64_t kRecord = kD + (kMin ? 64 : 32);
+};
+
+// One block of 256 inputs in 16 sub-blocks of 16 (K16's types).
+template <int R, int QT>
+void k16(const uint8_t* rec, int64_t /*count*/, const Rows& a, const uint8_t* ahead, int lane0,
+         bool first) {
+  using L = K16<QT>;
+  constexpr int S = R >= 4 ? 1 : 4 / R;   // independent sums per row, as in k32
+  const I low = V::set8(0x0F), high = V::set8(0x30);
+  I isum[R], two[R][S];
+  for (int r = 0; r < R; ++r) isum[r] = V::zero();
+  for (int j = 0; j < 16; ++j) {
+    prefetch_lines(ahead, j * L::kRecord / 16, (j + 1) * L::kRecord / 16, a.once);
+    for (int r = 0; r < R; ++r) {
+      two[r][0] = V::set1(-L::kOffset * a.xs[r * a.ldxs + j]);
+      for (int s = 1; s < S; ++s) two[r][s] = V::zero();
+    }
+    const I p0 = V::load(rec + 128 * j + lane0 * 4), p1 = V::load(rec + 128 * j + 64 + lane0 * 4);
+    I q[4] = {V::and_(p0, low), V::and_(V::srl<4>(p0), low), V::and_(p1, low),
+              V::and_(V::srl<4>(p1), low)};
+    if constexpr (L::kHigh) {
+      const I h = V::load(rec + 2048 + 64 * j + lane0 * 4);
+      q[0] = V::or_(q[0], V::and_(V::sll<4>(h), high));
+      q[1] = V::or_(q[1], V::and_(V::sll<2>(h), high));
+      q[2] = V::or_(q[2], V::and_(h, high));
+      q[3] = V::or_(q[3], V::and_(V::srl<2>(h), high));
+    }
+    const int8_t* x = a.xq + 16 * j;
+    for (int k = 0; k < 4; ++k)
+      for (int r = 0; r < R; ++r)
+        two[r][k % S] = V::dot(two[r][k % S], q[k], bcast(x + r * a.ldx + 4 * k));
+    const I sc = V::i8x32(rec + L::kScales + 16 * j + lane0);
+    for (int r = 0; r < R; ++r) {
+      for (int s = 1; s < S; ++s) two[r][0] = V::add(two[r][0], two[r][s]);
+      isum[r] = V::add(isum[r], V::mul(two[r][0], sc));
+    }
+  }
+  const F d = V::half(rec + L::kD + 2 * lane0);
+  if constexpr (L::kMin) {
+    I msum[R];
+    min_sums<R, 8>(rec + L::kMins, a, lane0, msum);
+    finish<R, true>(isum, msum, d, V::half(rec + L::kD + 32 + 2 * lane0), a, 0, first);
+  } else {
+    finish<R, false>(isum, isum, d, V::setf(0.f), a, 0, first);
+  }
+}
+
+// `count` blocks of 32 inputs (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL), one float16 scale (and
+// min) each.
 template <int R, int QT>
 void small(const uint8_t* rec, int64_t count, const Rows& a, const uint8_t* ahead, int lane0,
            bool first) {
-  constexpr bool kByte = QT == kQ8_0, kFive = QT == kQ5_0;
-  constexpr int64_t kQuantBytes = kByte ? 512 : (kFive ? 256 + 64 : 256);  // Q5_0: + bits
-  constexpr int64_t kBytes = kQuantBytes + (QT == kQ4_1 ? 64 : 32);
-  constexpr int32_t kOffset =
-      QT == kQ4_0 ? 8 : (kFive ? 16 : (kByte && V::kQ8Offset ? 128 : 0));
+  constexpr bool kByte = QT == kQ8_0, kFive = QT == kQ5_0 || QT == kQ5_1;
+  constexpr bool kMin = QT == kQ4_1 || QT == kQ5_1, kCode = QT == kIQ4_NL;
+  constexpr int64_t kQuantBytes = kByte ? 512 : (kFive ? 256 + 64 : 256);  // Q5: + bits
+  constexpr int64_t kBytes = kQuantBytes + (kMin ? 64 : 32);
+  constexpr int32_t kOffset = QT == kQ4_0 ? 8 : (QT == kQ5_0 ? 16 :
+                              ((kByte || kCode) && V::kQ8Offset ? 128 : 0));
   constexpr int S = R >= 4 ? 1 : 4 / R;   // independent sums per row, as in q4k
   const I low = V::set8(0x0F);
+  const I levels = kCode ? V::table(kLevels) : V::zero();
   I acc[R][S], msum[R];
   for (int64_t b = 0; b < count; ++b, rec += kBytes) {
     prefetch_lines(ahead == nullptr ? nullptr : ahead + b * kBytes, 0, kBytes, a.once);
@@ -318,11 +401,17 @@ void small(const uint8_t* rec, int64_t count, const Rows& a, const uint8_t* ahea
           lo = V::or_(lo, fifth_bit(h, 2 * c));
           hi = V::or_(hi, fifth_bit(h, 2 * c + 1));
         }
+        if constexpr (kCode) { lo = V::lookup(levels, lo); hi = V::lookup(levels, hi); }
         for (int r = 0; r < R; ++r) {
           I& even = acc[r][(2 * c) % S];
-          even = V::dot(even, lo, bcast(x + r * a.ldx + 8 * c));
           I& odd = acc[r][(2 * c + 1) % S];
-          odd = V::dot(odd, hi, bcast(x + r * a.ldx + 8 * c + 4));
+          if constexpr (kCode) {
+            even = V::dot_q8(even, lo, bcast(x + r * a.ldx + 8 * c));
+            odd = V::dot_q8(odd, hi, bcast(x + r * a.ldx + 8 * c + 4));
+          } else {
+            even = V::dot(even, lo, bcast(x + r * a.ldx + 8 * c));
+            odd = V::dot(odd, hi, bcast(x + r * a.ldx + 8 * c + 4));
+          }
         }
       }
     }
@@ -332,7 +421,7 @@ void small(const uint8_t* rec, int64_t count, const Rows& a, const uint8_t* ahea
       for (int s = 1; s < S; ++s) isum[r] = V::add(isum[r], acc[r][s]);
     }
     const F d = V::half(rec + kQuantBytes + 2 * lane0);
-    if constexpr (QT == kQ4_1) {
+    if constexpr (kMin) {
       finish<R, true>(isum, msum, d, V::half(rec + kQuantBytes + 32 + 2 * lane0), a, b,
                       first && b == 0);
     } else {
@@ -345,8 +434,8 @@ using Kernel = void (*)(const uint8_t*, int64_t, const Rows&, const uint8_t*, in
 
 template <int QT, int R>
 constexpr Kernel kernel_for() {
-  if constexpr (QT == kQ4_K) return q4k<R>;
-  else if constexpr (QT == kQ6_K) return q6k<R>;
+  if constexpr (QT == kQ4_K || QT == kQ5_K || QT == kIQ4_XS) return k32<R, QT>;
+  else if constexpr (QT == kQ6_K || QT == kQ3_K || QT == kQ2_K) return k16<R, QT>;
   else return small<R, QT>;
 }
 
@@ -360,14 +449,20 @@ struct Format { int64_t block, sub, record, step; };
 
 Format format_of(int64_t qtype) {
   switch (qtype) {
-    case kQ4_0: return {32, 32, 288, 8};
+    case kQ4_0: case kIQ4_NL: return {32, 32, 288, 8};
     case kQ4_1: return {32, 32, 320, 8};
     case kQ5_0: return {32, 32, 352, 8};
+    case kQ5_1: return {32, 32, 384, 8};
     case kQ8_0: return {32, 32, 544, 8};
-    case kQ4_K: return {256, 32, 2368, 1};
-    case kQ6_K: return {256, 16, 3360, 1};
-    default: TORCH_CHECK(false, "qtype: expected one of Q4_0 (2), Q4_1 (3), Q5_0 (6), Q8_0 (8), "
-                         "Q4_K (12), Q6_K (14), got ", qtype);
+    case kQ4_K: return {256, 32, K32<kQ4_K>::kRecord, 1};
+    case kQ5_K: return {256, 32, K32<kQ5_K>::kRecord, 1};
+    case kIQ4_XS: return {256, 32, K32<kIQ4_XS>::kRecord, 1};
+    case kQ2_K: return {256, 16, K16<kQ2_K>::kRecord, 1};
+    case kQ3_K: return {256, 16, K16<kQ3_K>::kRecord, 1};
+    case kQ6_K: return {256, 16, K16<kQ6_K>::kRecord, 1};
+    default: TORCH_CHECK(false, "qtype: expected one of Q4_0 (2), Q4_1 (3), Q5_0 (6), Q5_1 (7), "
+                         "Q8_0 (8), Q2_K (10), Q3_K (11), Q4_K (12), Q5_K (13), Q6_K (14), "
+                         "IQ4_NL (20), IQ4_XS (23), got ", qtype);
   }
   return {};
 }
@@ -503,7 +598,13 @@ torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& records, int64
       case kQ4_1: run_groups<kQ4_1>(g0, g1, rec, f, blocks, all, n, tile, distance); break;
       case kQ5_0: run_groups<kQ5_0>(g0, g1, rec, f, blocks, all, n, tile, distance); break;
       case kQ8_0: run_groups<kQ8_0>(g0, g1, rec, f, blocks, all, n, tile, distance); break;
+      case kQ5_1: run_groups<kQ5_1>(g0, g1, rec, f, blocks, all, n, tile, distance); break;
+      case kIQ4_NL: run_groups<kIQ4_NL>(g0, g1, rec, f, blocks, all, n, tile, distance); break;
+      case kQ2_K: run_groups<kQ2_K>(g0, g1, rec, f, blocks, all, n, tile, distance); break;
+      case kQ3_K: run_groups<kQ3_K>(g0, g1, rec, f, blocks, all, n, tile, distance); break;
       case kQ4_K: run_groups<kQ4_K>(g0, g1, rec, f, blocks, all, n, tile, distance); break;
+      case kQ5_K: run_groups<kQ5_K>(g0, g1, rec, f, blocks, all, n, tile, distance); break;
+      case kIQ4_XS: run_groups<kIQ4_XS>(g0, g1, rec, f, blocks, all, n, tile, distance); break;
       default: run_groups<kQ6_K>(g0, g1, rec, f, blocks, all, n, tile, distance); break;
     }
   });

@@ -92,7 +92,7 @@ def test_bits_per_weight_stay_near_gguf():
     bits = {qf.FORMATS[t].name: qf.FORMATS[t].record_bytes * 8 / (16 * qf.FORMATS[t].block)
             for t in QTYPES}
     assert bits == {"Q4_0": 4.5, "Q4_1": 5.0, "Q5_0": 5.5, "Q5_1": 6.0, "Q8_0": 8.5,
-                    "IQ4_NL": 4.5, "Q2_K": 5.125, "Q3_K": 4.5625, "Q4_K": 4.625,
+                    "IQ4_NL": 4.5, "Q2_K": 3.125, "Q3_K": 3.5625, "Q4_K": 4.625,
                     "Q5_K": 5.625, "Q6_K": 6.5625, "IQ4_XS": 4.3125}
 
 

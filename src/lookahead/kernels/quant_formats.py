@@ -1,20 +1,27 @@
 """GGUF quantized blocks: their integer parts, the kernel's repacked layout, and a reference
 product in PyTorch that does the kernel's arithmetic bit for bit.
 
-Every supported type writes a weight as ``w = d * sc * (q - offset) - dmin * m`` over
-sub-blocks of ``sub`` inputs, with ``q`` an unsigned integer of 4, 6 or 8 bits, ``sc`` and
-``m`` small integers per sub-block and ``d``, ``dmin`` float16 per block of ``block`` inputs:
+Every supported type writes a weight as ``w = d * sc * (v(q) - offset) - dmin * m`` over
+sub-blocks of ``sub`` inputs, with ``q`` an unsigned integer of 2 to 8 bits, ``v(q) = q``
+except for IQ4 (one of 16 levels, ``IQ4_LEVELS[q]``), ``sc`` and ``m`` small integers per
+sub-block and ``d``, ``dmin`` float16 per block of ``block`` inputs:
 
-====  =====  ===  ======  ==========================  ====================
-type  block  sub  offset  sc, m per sub-block         d, dmin per block
-====  =====  ===  ======  ==========================  ====================
-Q4_0     32   32       8  1, none                     d
-Q4_1     32   32       0  1, 1                        d, -min
-Q5_0     32   32      16  1, none                     d
-Q8_0     32   32     128  1, none                     d (q = stored int8 + 128)
-Q4_K    256   32       0  6-bit, 6-bit                d, dmin
-Q6_K    256   16      32  int8, none                  d
-====  =====  ===  ======  ==========================  ====================
+======  =====  ===  ======  ==========================  ====================
+type    block  sub  offset  sc, m per sub-block         d, dmin per block
+======  =====  ===  ======  ==========================  ====================
+Q4_0       32   32       8  1, none                     d
+Q4_1       32   32       0  1, 1                        d, -min
+Q5_0       32   32      16  1, none                     d
+Q5_1       32   32       0  1, 1                        d, -min
+Q8_0       32   32     128  1, none                     d (q = stored int8 + 128)
+IQ4_NL     32   32       0  1, none                     d (v(q): IQ4_LEVELS)
+Q2_K      256   16       0  4-bit, 4-bit                d, dmin
+Q3_K      256   16       4  6-bit - 32, none            d
+Q4_K      256   32       0  6-bit, 6-bit                d, dmin
+Q5_K      256   32       0  6-bit, 6-bit                d, dmin
+Q6_K      256   16      32  int8, none                  d
+IQ4_XS    256   32       0  6-bit - 32, none            d (v(q): IQ4_LEVELS)
+======  =====  ===  ======  ==========================  ====================
 
 The kernel multiplies these exact values: in real arithmetic, ``w`` above is the value
 ``gguf.quants.dequantize`` rounds to float32 (it rounds ``d * sc * q - dmin * m`` once more).
@@ -24,17 +31,19 @@ each group and block one record of bytes, in this order:
 
 - the quants: for each 8 inputs, 64 bytes, 4 per output; byte ``b`` of output ``l`` holds
   input ``b`` in its low nibble and input ``4 + b`` in its high nibble (Q8_0: for each 4
-  inputs, 64 bytes, byte ``b`` of output ``l`` is input ``b``);
-- Q6_K only: the quants' two high bits, for each 16 inputs 64 bytes; bits ``2k, 2k+1`` of byte
-  ``b`` of output ``l`` belong to input ``4k + b``;
-- Q5_0 only: the quants' fifth bits, for each 32 inputs 64 bytes; bit ``k`` of byte ``b`` of
-  output ``l`` belongs to input ``4k + b``;
-- K-types only: ``sc`` as bytes [sub-block][16 outputs]; Q4_K's ``m`` as byte pairs
+  inputs, 64 bytes, byte ``b`` of output ``l`` is input ``b``; Q2_K, Q3_K: the two low bits,
+  for each 16 inputs 64 bytes, bits ``2k, 2k+1`` of byte ``b`` of output ``l`` belong to input
+  ``4k + b``);
+- Q6_K only: the quants' two high bits, for each 16 inputs 64 bytes, laid out as Q2_K's;
+- Q5_0, Q5_1, Q5_K: the quants' fifth bits, for each 32 inputs 64 bytes; bit ``k`` of byte
+  ``b`` of output ``l`` belongs to input ``4k + b``; Q3_K: its third bits, laid out the same;
+- K-types only: ``sc`` as bytes [sub-block][16 outputs]; ``m`` as byte pairs
   [sub-block pair][16 outputs][2];
 - ``d`` as float16 [16 outputs], then ``dmin`` where the type has one.
 
-Bits per weight: Q4_0 4.5, Q4_1 5.0, Q5_0 5.5, Q8_0 8.5, Q4_K 4.625 (GGUF: 4.5; the 6-bit
-scales take a byte each), Q6_K 6.5625 (as GGUF).
+Bits per weight (GGUF's in brackets where they differ; the 6-bit scales take a byte each):
+Q4_0 4.5, Q4_1 5.0, Q5_0 5.5, Q5_1 6.0, Q8_0 8.5, IQ4_NL 4.5, Q2_K 3.125 (2.625), Q3_K 3.5625
+(3.4375), Q4_K 4.625 (4.5), Q5_K 5.625 (5.5), Q6_K 6.5625, IQ4_XS 4.3125 (4.25).
 """
 
 from __future__ import annotations
@@ -71,8 +80,10 @@ class QuantFormat:
     @property
     def record_bytes(self) -> int:
         """Bytes of one packed record: 16 outputs x ``block`` inputs."""
-        quants = self.block * LANES * (8 if self.bits == 8 else 4) // 8
-        high = self.block * LANES * (self.bits - 4) // 8 if self.bits in (5, 6) else 0
+        # bits a quant takes in the first plane and in the second: 8; 4 (+1, +2); 2 (+1)
+        first = 8 if self.bits == 8 else (2 if self.bits <= 3 else 4)
+        quants = self.block * LANES * first // 8
+        high = self.block * LANES * (self.bits - first) // 8
         subs = self.block // self.sub
         scales = subs * LANES * (2 if self.has_min else 1) if self.block > 32 else 0
         return quants + high + scales + LANES * 2 * (2 if self.has_min else 1)
@@ -85,8 +96,8 @@ FORMATS = {
     Q5_1: QuantFormat("Q5_1", 32, 24, 32, 0, True, 5),
     Q8_0: QuantFormat("Q8_0", 32, 34, 32, 128, False, 8),
     IQ4_NL: QuantFormat("IQ4_NL", 32, 18, 32, 0, False, 4, levels=IQ4_LEVELS),
-    Q2_K: QuantFormat("Q2_K", 256, 84, 16, 0, True, 4),
-    Q3_K: QuantFormat("Q3_K", 256, 110, 16, 4, False, 4, signed=True),
+    Q2_K: QuantFormat("Q2_K", 256, 84, 16, 0, True, 2),
+    Q3_K: QuantFormat("Q3_K", 256, 110, 16, 4, False, 3, signed=True),
     Q4_K: QuantFormat("Q4_K", 256, 144, 32, 0, True, 4),
     Q5_K: QuantFormat("Q5_K", 256, 176, 32, 0, True, 5),
     Q6_K: QuantFormat("Q6_K", 256, 210, 16, 32, False, 6, signed=True),
@@ -218,6 +229,17 @@ def _lanes(a: np.ndarray, groups: int, blocks: int) -> np.ndarray:
     return a.reshape(groups, LANES, blocks, -1).transpose(0, 2, 3, 1)
 
 
+def _planes(v: np.ndarray, width: int) -> np.ndarray:
+    """Values of ``width`` bits (4, 2 or 1), uint8 [g, 16, n, block] -> their bytes
+    [g, n, spans, 16, 4]: a span of 32 / width * 4 inputs per output fills 4 bytes, and
+    field ``k`` of byte ``b`` holds the span's input ``4k + b``."""
+    g, lanes, n, block = v.shape
+    fields = 8 // width
+    spans = v.reshape(g, lanes, n, -1, fields, 4) << (
+        width * np.arange(fields, dtype=np.uint8)).reshape(fields, 1)
+    return np.bitwise_or.reduce(spans, axis=4).transpose(0, 2, 3, 1, 4)
+
+
 def pack(parts: QuantParts, qtype: int) -> torch.Tensor:
     """Integer parts -> the kernel's records, uint8 [groups, blocks, record_bytes]."""
     fmt = FORMATS[qtype]
@@ -229,22 +251,13 @@ def pack(parts: QuantParts, qtype: int) -> torch.Tensor:
 
     groups, blocks = padded // LANES, width // fmt.block
     q = pad(parts.q).reshape(groups, LANES, blocks, fmt.block)
-    pieces = []
     if fmt.bits == 8:   # [g, l, n, block/4, 4] -> [g, n, block/4, l, 4]
-        pieces.append(q.reshape(groups, LANES, blocks, -1, 4).transpose(0, 2, 3, 1, 4))
-    else:
-        low = q & 15
-        eight = low.reshape(groups, LANES, blocks, -1, 2, 4)
-        pieces.append((eight[..., 0, :] | (eight[..., 1, :] << 4)).transpose(0, 2, 3, 1, 4))
-    if fmt.bits == 5:   # for each 32 inputs, bit k of byte b: input 4k + b
-        high = (q >> 4).reshape(groups, LANES, blocks, -1, 8, 4)
-        bits = np.bitwise_or.reduce(high << np.arange(8, dtype=np.uint8).reshape(8, 1), axis=4)
-        pieces.append(bits.transpose(0, 2, 3, 1, 4))
-    if fmt.bits == 6:
-        high = (q >> 4).reshape(groups, LANES, blocks, -1, 4, 4)   # [.., 16ths, k, b]
-        bits = high[..., 0, :] | (high[..., 1, :] << 2) | (high[..., 2, :] << 4) | (
-            high[..., 3, :] << 6)
-        pieces.append(bits.transpose(0, 2, 3, 1, 4))
+        pieces = [q.reshape(groups, LANES, blocks, -1, 4).transpose(0, 2, 3, 1, 4)]
+    elif fmt.bits <= 3:   # Q2_K, Q3_K: two bits, then Q3_K's third
+        pieces = [_planes(q & 3, 2)] + ([_planes(q >> 2, 1)] if fmt.bits == 3 else [])
+    else:   # nibbles, then Q5's fifth bits or Q6_K's two high bits
+        pieces = [_planes(q & 15, 4)] + ([_planes(q >> 4, fmt.bits - 4)] if fmt.bits > 4
+                                         else [])
     if fmt.block > 32:
         pieces.append(_lanes(pad(parts.sc).astype(np.uint8), groups, blocks))
         if fmt.has_min:
@@ -279,18 +292,21 @@ def unpack(records: torch.Tensor, qtype: int, out_features: int) -> QuantParts:
         a = np.moveaxis(a, 3, 1)
         return a.reshape(groups * LANES, -1)
 
+    def plane(width: int) -> np.ndarray:
+        """The next plane of ``width``-bit fields (``_planes``) -> uint8 [g * 16, n * block]."""
+        fields = 8 // width
+        packed = take(fmt.block * LANES * width // 8).reshape(groups, blocks, -1, LANES, 1, 4)
+        shifts = (width * np.arange(fields, dtype=np.uint8)).reshape(fields, 1)
+        return rows((packed >> shifts) & ((1 << width) - 1), fields, 4)
+
     if fmt.bits == 8:
         q = rows(take(fmt.block * LANES), 4)
+    elif fmt.bits <= 3:
+        q = plane(2)
+        q = q | (plane(1) << 2) if fmt.bits == 3 else q
     else:
-        eight = take(fmt.block * LANES // 2).reshape(groups, blocks, -1, LANES, 1, 4)
-        q = rows((eight >> np.array([0, 4], np.uint8).reshape(2, 1)) & 15, 2, 4)
-    if fmt.bits == 5:
-        high = take(fmt.block * LANES // 8).reshape(groups, blocks, -1, LANES, 1, 4)
-        q = q | (rows((high >> np.arange(8, dtype=np.uint8).reshape(8, 1)) & 1, 8, 4) << 4)
-    if fmt.bits == 6:
-        high = take(fmt.block * LANES // 4).reshape(groups, blocks, -1, LANES, 1, 4)
-        shifts = (2 * np.arange(4, dtype=np.uint8)).reshape(4, 1)
-        q = q | (rows((high >> shifts) & 3, 4, 4) << 4)
+        q = plane(4)
+        q = q | (plane(fmt.bits - 4) << 4) if fmt.bits > 4 else q
     subs = fmt.block // fmt.sub
     ones = np.ones((groups * LANES, blocks), np.int64)
     sc, m = ones, (ones if fmt.has_min else None)

@@ -26,8 +26,10 @@
 // (a) lookahead.kernels.quant_formats.reference_linear gives the same bits in PyTorch, and
 // (b) a row's result does not depend on the rows beside it: k rows give the bits of k passes
 //     of one row.
-// The layout (quant_formats.py's docstring) keeps the GGUF sizes: Q4_K 4.625 bits a weight
-// (its 6-bit scales widened to bytes), Q6_K 6.5625, Q4_0 4.5, Q4_1 5, Q5_0 5.5, Q8_0 8.5.
+// The layout (quant_formats.py's docstring) keeps about the GGUF sizes: Q4_K 4.625 bits a
+// weight (its 6-bit scales widened to bytes), Q5_K 5.625, Q6_K 6.5625, Q3_K 3.5625, Q2_K
+// 3.125, IQ4_XS 4.3125, Q4_0 and IQ4_NL 4.5, Q4_1 5, Q5_0 5.5, Q5_1 6, Q8_0 8.5. IQ4's
+// 4-bit indices become their levels by one byte shuffle (vpshufb) per 64 bytes.
 //
 // Built twice by quant_linear.py: with -mavx512vnni (and BW, VL, F16C) or with -mavx2 and
 // F16C; the same templates serve both through the traits struct V, defined per build below.
@@ -307,14 +309,21 @@ void k32(const uint8_t* rec, int64_t /*count*/, const Rows& a, const uint8_t* ah
   }
 }
 
-// Where the parts of a record of 256 inputs in sub-blocks of 16 lie: Q6_K (a plane of two
-// high bits after the nibbles; quants 0..63, less 32), Q3_K (nibbles 0..7, less 4) and Q2_K
-// (nibbles 0..3, with mins); int8 scales (Q2_K's are 0..15).
+// Q3_K's third bits: bit i of each byte of h, moved to bit 2 (the bytes' other bits cleared);
+// shifts of 16-bit lanes by at most 5 keep bit 2 of each byte within its byte.
+inline I third_bit(I h, int i) {
+  const I bit = V::set8(0x04);
+  return V::and_(i <= 2 ? V::sll_n(h, 2 - i) : V::srl_n(h, i - 2), bit);
+}
+
+// Where the parts of a record of 256 inputs in sub-blocks of 16 lie: Q6_K (nibbles, then a
+// plane of two high bits; quants 0..63, less 32), Q3_K (a plane of two low bits, then one of
+// third bits; quants 0..7, less 4) and Q2_K (two bits, with mins); int8 scales (Q2_K's 0..15).
 template <int QT>
 struct K16 {
-  static constexpr bool kHigh = QT == kQ6_K, kMin = QT == kQ2_K;
+  static constexpr bool kHigh = QT == kQ6_K, kThird = QT == kQ3_K, kMin = QT == kQ2_K;
   static constexpr int32_t kOffset = QT == kQ6_K ? 32 : (QT == kQ3_K ? 4 : 0);
-  static constexpr int64_t kScales = 2048 + (kHigh ? 1024 : 0);
+  static constexpr int64_t kScales = kHigh ? 3072 : (kThird ? 1536 : 1024);
   static constexpr int64_t kMins = kScales + 256;
   static constexpr int64_t kD = kMins + (kMin ? 256 : 0);
   static constexpr int64_t kRecord = kD + (kMin ? 64 : 32);
@@ -326,7 +335,7 @@ void k16(const uint8_t* rec, int64_t /*count*/, const Rows& a, const uint8_t* ah
          bool first) {
   using L = K16<QT>;
   constexpr int S = R >= 4 ? 1 : 4 / R;   // independent sums per row, as in k32
-  const I low = V::set8(0x0F), high = V::set8(0x30);
+  const I low = V::set8(0x0F), high = V::set8(0x30), three = V::set8(0x03);
   I isum[R], two[R][S];
   for (int r = 0; r < R; ++r) isum[r] = V::zero();
   for (int j = 0; j < 16; ++j) {
@@ -335,15 +344,24 @@ void k16(const uint8_t* rec, int64_t /*count*/, const Rows& a, const uint8_t* ah
       two[r][0] = V::set1(-L::kOffset * a.xs[r * a.ldxs + j]);
       for (int s = 1; s < S; ++s) two[r][s] = V::zero();
     }
-    const I p0 = V::load(rec + 128 * j + lane0 * 4), p1 = V::load(rec + 128 * j + 64 + lane0 * 4);
-    I q[4] = {V::and_(p0, low), V::and_(V::srl<4>(p0), low), V::and_(p1, low),
-              V::and_(V::srl<4>(p1), low)};
+    I q[4];
     if constexpr (L::kHigh) {
+      const I p0 = V::load(rec + 128 * j + lane0 * 4), p1 = V::load(rec + 128 * j + 64 + lane0 * 4);
       const I h = V::load(rec + 2048 + 64 * j + lane0 * 4);
-      q[0] = V::or_(q[0], V::and_(V::sll<4>(h), high));
-      q[1] = V::or_(q[1], V::and_(V::sll<2>(h), high));
-      q[2] = V::or_(q[2], V::and_(h, high));
-      q[3] = V::or_(q[3], V::and_(V::srl<2>(h), high));
+      q[0] = V::or_(V::and_(p0, low), V::and_(V::sll<4>(h), high));
+      q[1] = V::or_(V::and_(V::srl<4>(p0), low), V::and_(V::sll<2>(h), high));
+      q[2] = V::or_(V::and_(p1, low), V::and_(h, high));
+      q[3] = V::or_(V::and_(V::srl<4>(p1), low), V::and_(V::srl<2>(h), high));
+    } else {   // bits 2k, 2k + 1 of byte b: input 4k + b
+      const I p = V::load(rec + 64 * j + lane0 * 4);
+      q[0] = V::and_(p, three);
+      q[1] = V::and_(V::srl<2>(p), three);
+      q[2] = V::and_(V::srl<4>(p), three);
+      q[3] = V::and_(V::srl<6>(p), three);
+    }
+    if constexpr (L::kThird) {   // for each 32 inputs, bit i of byte b: input 4i + b
+      const I h = V::load(rec + 1024 + 64 * (j / 2) + lane0 * 4);
+      for (int k = 0; k < 4; ++k) q[k] = V::or_(q[k], third_bit(h, 4 * (j % 2) + k));
     }
     const int8_t* x = a.xq + 16 * j;
     for (int k = 0; k < 4; ++k)

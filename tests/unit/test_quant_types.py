@@ -115,6 +115,7 @@ def test_the_warning_lists_several_types_in_order(tmp_path, caplog):
                                        supported_qtypes={int(Q.Q4_K)})
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     floats = sum(type(m) is torch.nn.Linear for m in model.modules())
-    assert warnings == [f"{floats} tensors of types TQ1_0, TQ2_0 de-quantised to float32 "
-                        "(no integer kernel for them)"]
+    expected = (f"{floats} tensors of types TQ1_0, TQ2_0 de-quantised to float32 (no integer "
+                "kernel for them)")
+    assert warnings == [expected]
     assert floats == 10   # of the 15 linears, those not Q4_K

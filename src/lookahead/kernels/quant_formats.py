@@ -233,7 +233,7 @@ def _planes(v: np.ndarray, width: int) -> np.ndarray:
     """Values of ``width`` bits (4, 2 or 1), uint8 [g, 16, n, block] -> their bytes
     [g, n, spans, 16, 4]: a span of 32 / width * 4 inputs per output fills 4 bytes, and
     field ``k`` of byte ``b`` holds the span's input ``4k + b``."""
-    g, lanes, n, block = v.shape
+    g, lanes, n, _ = v.shape
     fields = 8 // width
     spans = v.reshape(g, lanes, n, -1, fields, 4) << (
         width * np.arange(fields, dtype=np.uint8)).reshape(fields, 1)

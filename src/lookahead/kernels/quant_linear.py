@@ -37,6 +37,8 @@ from lookahead.kernels.quant_formats import FORMATS
 logger = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).parent / "csrc" / "quant_linear.cpp"
+# included by SOURCE: the instruction-set traits and the kernels for blocks of 256
+HEADERS = (SOURCE.parent / "quant_isa.h", SOURCE.parent / "quant_blocks.h")
 ISA_FLAGS = {
     "avx512vnni": ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni", "-mf16c"],
     "avx2": ["-mavx2", "-mf16c"],
@@ -94,7 +96,7 @@ def load_quant_kernel(isa: str | None = None) -> ModuleType:
     logger.info("loading the %s quantized kernel (compiled on first use, about a minute)", isa)
     # -ffp-contract=off: no fused multiply-adds, so the float steps round as the reference's
     return compile_kernel(f"lookahead_quant_linear_{isa}", [SOURCE],
-                          ["-O3", "-ffp-contract=off", *ISA_FLAGS[isa]])
+                          ["-O3", "-ffp-contract=off", *ISA_FLAGS[isa]], headers=HEADERS)
 
 
 def quant_kernel_problem(isa: str | None = None) -> str | None:

@@ -73,7 +73,7 @@ class QuantFormat:
     sub: int           # inputs per sub-block scale
     offset: int        # subtracted from the unsigned quants
     has_min: bool      # whether a dmin * m term is subtracted
-    bits: int          # bits a quant takes in the records: 4, 5, 6 or 8
+    bits: int          # bits a quant takes in the records: 2, 3, 4, 5, 6 or 8
     signed: bool = False                    # sub-block scales are int8 (else uint8)
     levels: tuple[int, ...] | None = None   # a quant indexes these values (IQ4)
 

@@ -1,6 +1,6 @@
 // y = x @ W.T + b for a weight W kept in GGUF's quantized blocks (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0,
-// IQ4_NL, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS) and a few rows x, by integer dot products: each weight is read from memory once per pass and
-// multiplied into up to kRows token rows.
+// IQ4_NL, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS) and a few rows x, by integer dot products:
+// each weight is read from memory once per pass and multiplied into up to kRows token rows.
 //
 // Why our own: decoding a 1.5B model on a CPU is bound by reading its weights (Q4_K_M: 1.04
 // GiB, about 31 ms a pass at 33 GB/s), and speculation pays only when checking k guessed
@@ -32,7 +32,8 @@
 // 4-bit indices become their levels by one byte shuffle (vpshufb) per 64 bytes.
 //
 // Built twice by quant_linear.py: with -mavx512vnni (and BW, VL, F16C) or with -mavx2 and
-// F16C; the same templates serve both through the traits struct V, defined per build below.
+// F16C; the same templates serve both through the traits struct V, defined per build in
+// quant_isa.h (the kernels for blocks of 256 inputs are in quant_blocks.h).
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <immintrin.h>

@@ -4,9 +4,10 @@ A plain helper module (as ``tiny.py``): ``from tiny_gguf import write_tiny_gguf`
 
 ``write_tiny_gguf(path, arch, qtypes)``: a 2-layer Llama (tied output, no ``output.weight``)
 or Qwen2 (an output layer, q/k/v biases) with a byte-level BPE vocabulary of 264 tokens; its
-matrices in the ``qtypes`` given, in turn: F32, Q8_0, Q4_0, Q4_1, Q5_0 (quantized by
-``gguf.quants.quantize``) or Q4_K, Q6_K (random blocks with small finite scales: the gguf
-package cannot quantize those). K-quants need ``hidden`` a multiple of 256.
+matrices in the ``qtypes`` given, in turn: F32, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 (quantized by
+``gguf.quants.quantize``) or Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS (random blocks with
+small finite scales: the gguf package cannot quantize those); any other type gguf quantizes
+works too. K-quants and IQ4_XS need ``hidden`` a multiple of 256.
 
 ``assert_greedy_matches_generate(model, prompt, new_tokens, method)``: the greedy-equality
 check of the quantized models (``method``'s tokens against ``model.generate``'s).
@@ -18,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from gguf import GGMLQuantizationType, GGUFWriter
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFWriter
 from gguf.quants import quantize
 from transformers.convert_slow_tokenizer import bytes_to_unicode
 
@@ -41,21 +42,24 @@ def _tokenizer_fields(writer: GGUFWriter) -> int:
     return len(tokens)
 
 
+# Byte offsets of the float16 d (and dmin) in a block of the types gguf cannot quantize
+SCALE_FIELDS = {Q.Q4_K: (0, 2), Q.Q6_K: (208,), Q.Q5_K: (0, 2), Q.Q3_K: (108,),
+                Q.Q2_K: (80, 82), Q.IQ4_NL: (0,), Q.IQ4_XS: (0,)}
+
+
 def _random_blocks(rng, rows: int, cols: int, qtype: Q) -> np.ndarray:
-    """Random K-quant rows with small, finite scales: the bytes of ``[rows, cols]``."""
-    block_bytes = {Q.Q4_K: 144, Q.Q6_K: 210}[qtype]
-    blocks = rng.integers(0, 256, size=(rows, cols // 256, block_bytes), dtype=np.uint8)
-    scale = rng.uniform(1e-3, 4e-3, size=(rows, cols // 256)).astype(np.float16)
-    if qtype == Q.Q4_K:  # d, dmin: the block's first two halves
-        blocks[..., 0:2] = scale.view(np.uint8).reshape(rows, -1, 2)
-        blocks[..., 2:4] = (scale / 2).astype(np.float16).view(np.uint8).reshape(rows, -1, 2)
-    else:  # Q6_K: d, the block's last half; its int8 scales as drawn
-        blocks[..., 208:210] = scale.view(np.uint8).reshape(rows, -1, 2)
+    """Random rows of a type gguf cannot quantize, with small, finite scales (d, and dmin
+    half of it): the bytes of ``[rows, cols]``; the integer scales and quants as drawn."""
+    block, block_bytes = GGML_QUANT_SIZES[qtype]
+    blocks = rng.integers(0, 256, size=(rows, cols // block, block_bytes), dtype=np.uint8)
+    scale = rng.uniform(1e-3, 4e-3, size=(rows, cols // block)).astype(np.float16)
+    for field, value in zip(SCALE_FIELDS[qtype], (scale, (scale / 2).astype(np.float16))):
+        blocks[..., field:field + 2] = value.view(np.uint8).reshape(rows, -1, 2)
     return blocks.reshape(rows, -1)
 
 
 def _matrix(writer: GGUFWriter, rng, name: str, rows: int, cols: int, qtype: Q) -> None:
-    if qtype in (Q.Q4_K, Q.Q6_K):
+    if qtype in SCALE_FIELDS:
         writer.add_tensor(name, _random_blocks(rng, rows, cols, qtype), raw_dtype=qtype)
         return
     values = rng.normal(0.0, 0.3 / np.sqrt(cols), size=(rows, cols)).astype(np.float32)

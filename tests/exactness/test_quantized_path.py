@@ -22,7 +22,10 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 CASES = {"llama-q4_1-q8_0": ("llama", (Q.Q4_1, Q.Q8_0), 64),
          "qwen2-q4_k-q6_k": ("qwen2", (Q.Q4_K, Q.Q6_K), 256),
          "llama-q4_0-q4_k": ("llama", (Q.Q4_0, Q.Q4_K), 256),
-         "qwen2-q5_0-q8_0": ("qwen2", (Q.Q5_0, Q.Q8_0), 64)}
+         "qwen2-q5_0-q8_0": ("qwen2", (Q.Q5_0, Q.Q8_0), 64),
+         "qwen2-q5_k-iq4_xs-q6_k": ("qwen2", (Q.Q5_K, Q.IQ4_XS, Q.Q6_K), 256),
+         "llama-q5_1-iq4_nl": ("llama", (Q.Q5_1, Q.IQ4_NL), 64),
+         "qwen2-q3_k-q2_k": ("qwen2", (Q.Q3_K, Q.Q2_K), 256)}
 PROMPT = torch.tensor([[256, 3, 70, 71, 72, 3, 70, 71, 72, 3, 70, 71, 9, 100, 101, 102]])
 
 

@@ -30,8 +30,9 @@ from lookahead.kernels.quant_linear import (
 QTYPES = sorted(supported_qtypes())
 NAMES = {t: qf.FORMATS[t].name for t in QTYPES}
 # byte offsets of the float16 scales in each GGUF block (random bytes there could be NaN)
-HALF_FIELDS = {qf.Q4_0: [0], qf.Q4_1: [0, 2], qf.Q5_0: [0], qf.Q8_0: [0], qf.Q4_K: [0, 2],
-               qf.Q6_K: [208]}
+HALF_FIELDS = {qf.Q4_0: [0], qf.Q4_1: [0, 2], qf.Q5_0: [0], qf.Q5_1: [0, 2], qf.Q8_0: [0],
+               qf.IQ4_NL: [0], qf.Q2_K: [80, 82], qf.Q3_K: [108], qf.Q4_K: [0, 2],
+               qf.Q5_K: [0, 2], qf.Q6_K: [208], qf.IQ4_XS: [0]}
 ISAS = [isa for isa in ql.ISA_FLAGS if quant_kernel_problem(isa) is None]
 needs_kernel = pytest.mark.skipif(not ISAS, reason=str(quant_kernel_problem()))
 
@@ -90,8 +91,9 @@ def test_pack_unpack_round_trip(qtype, groups, extra, blocks, seed):
 def test_bits_per_weight_stay_near_gguf():
     bits = {qf.FORMATS[t].name: qf.FORMATS[t].record_bytes * 8 / (16 * qf.FORMATS[t].block)
             for t in QTYPES}
-    assert bits == {"Q4_0": 4.5, "Q4_1": 5.0, "Q5_0": 5.5, "Q8_0": 8.5, "Q4_K": 4.625,
-                    "Q6_K": 6.5625}
+    assert bits == {"Q4_0": 4.5, "Q4_1": 5.0, "Q5_0": 5.5, "Q5_1": 6.0, "Q8_0": 8.5,
+                    "IQ4_NL": 4.5, "Q2_K": 3.125, "Q3_K": 3.5625, "Q4_K": 4.625,
+                    "Q5_K": 5.625, "Q6_K": 6.5625, "IQ4_XS": 4.3125}
 
 
 def test_activation_rounding_error_is_half_a_step():

@@ -1,6 +1,6 @@
-"""Linear layers that keep a GGUF file's quantized weights (Q4_0, Q4_1, Q8_0, Q4_K, Q6_K)
-and multiply them by integer dot products in a small compiled kernel
-(``csrc/quant_linear.cpp``).
+"""Linear layers that keep a GGUF file's quantized weights (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0,
+IQ4_NL, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS) and multiply them by integer dot products in a
+small compiled kernel (``csrc/quant_linear.cpp``).
 
 Decoding is bound by reading the weights: Qwen2.5-Coder-1.5B Q4_K_M is 1.04 GiB, a third of
 its bfloat16 size. The kernel reads each weight once per pass and multiplies it into up to
@@ -8,9 +8,9 @@ its bfloat16 size. The kernel reads each weight once per pass and multiplies it 
 (``docs/quantized-kernel.md`` has the figures).
 
 Activations are quantized per row to int8, one scale per GGUF block (256 inputs for the
-K-types, 32 for the others), as llama.cpp does; the weights are GGUF's exact values. Each
-row's result does not depend on the rows beside it, and ``reference`` (PyTorch, no compiled
-code) gives the kernel's bits.
+K-types and IQ4_XS, 32 for the others), as llama.cpp does; the weights are GGUF's exact
+values. Each row's result does not depend on the rows beside it, and ``reference`` (PyTorch,
+no compiled code) gives the kernel's bits.
 
 The kernel is compiled on first use with PyTorch's C++ extension builder (a C++ compiler and
 ``ninja``; the build is cached in PyTorch's extensions folder), in an AVX512-VNNI build where
@@ -37,6 +37,8 @@ from lookahead.kernels.quant_formats import FORMATS
 logger = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).parent / "csrc" / "quant_linear.cpp"
+# included by SOURCE: the instruction-set traits and the kernels for blocks of 256
+HEADERS = (SOURCE.parent / "quant_isa.h", SOURCE.parent / "quant_blocks.h")
 ISA_FLAGS = {
     "avx512vnni": ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni", "-mf16c"],
     "avx2": ["-mavx2", "-mf16c"],
@@ -94,7 +96,7 @@ def load_quant_kernel(isa: str | None = None) -> ModuleType:
     logger.info("loading the %s quantized kernel (compiled on first use, about a minute)", isa)
     # -ffp-contract=off: no fused multiply-adds, so the float steps round as the reference's
     return compile_kernel(f"lookahead_quant_linear_{isa}", [SOURCE],
-                          ["-O3", "-ffp-contract=off", *ISA_FLAGS[isa]])
+                          ["-O3", "-ffp-contract=off", *ISA_FLAGS[isa]], headers=HEADERS)
 
 
 def quant_kernel_problem(isa: str | None = None) -> str | None:

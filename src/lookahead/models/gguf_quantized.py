@@ -35,12 +35,14 @@ import os
 import shutil
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
+from gguf import GGMLQuantizationType
 from torch import nn
 from transformers import (
     AutoConfig,
@@ -257,7 +259,8 @@ def _fill(model: PreTrainedModel, gguf: GgufFile, linear_factory: LinearFactory,
         linear = _make_linear(tensor, placed.biases.get(module_path), linear_factory, dtype,
                               supported_qtypes)
         _replace(model, module_path, linear)
-    _place_tied_output(model, placed, linear_factory, dtype, supported_qtypes)
+    tied = _place_tied_output(model, placed, linear_factory, dtype, supported_qtypes)
+    _warn_dequantised([*placed.weights.values(), *tied], dtype, supported_qtypes)
     _check_nothing_on_meta(model, gguf.path)
     model.requires_grad_(False)
 
@@ -343,6 +346,20 @@ def _make_linear(tensor: GgufTensor, bias: torch.Tensor | None, linear_factory: 
     return linear
 
 
+def _warn_dequantised(weights: list[GgufTensor], dtype: torch.dtype,
+                      supported_qtypes: Collection[int] | None) -> None:
+    """One warning for the linears of types ``linear_factory`` does not take, which were
+    de-quantised into float weights: several times the memory and the time a token."""
+    if supported_qtypes is None:
+        return
+    left = Counter(GGMLQuantizationType(t.qtype).name for t in weights
+                   if t.qtype not in supported_qtypes)
+    if left:
+        names = ", ".join(sorted(left))
+        logger.warning("%d tensors of types %s de-quantised to %s (no integer kernel for "
+                       "them)", sum(left.values()), names, str(dtype).removeprefix("torch."))
+
+
 def _place_embedding(model: PreTrainedModel, placed: _Placed, dtype: torch.dtype) -> None:
     if placed.embedding is None:
         raise ValueError("the GGUF file holds no token embedding for the model")
@@ -352,17 +369,20 @@ def _place_embedding(model: PreTrainedModel, placed: _Placed, dtype: torch.dtype
 
 
 def _place_tied_output(model: PreTrainedModel, placed: _Placed, linear_factory: LinearFactory,
-                       dtype: torch.dtype, supported_qtypes: Collection[int] | None) -> None:
+                       dtype: torch.dtype, supported_qtypes: Collection[int] | None
+                       ) -> list[GgufTensor]:
     """A model whose output layer is the embedding (no ``output.weight`` in the file) gets a
-    linear on the embedding's raw rows: the same bytes, not a copy."""
+    linear on the embedding's raw rows: the same bytes, not a copy. Returns the tensor so
+    placed ([] when the file has its own output layer)."""
     output = model.get_output_embeddings()
     if not isinstance(output, nn.Linear) or output.weight.device.type != "meta":
-        return
+        return []
     if not getattr(model.config, "tie_word_embeddings", False) or placed.embedding is None:
         raise ValueError("the GGUF file has no output layer and the model ties none")
     _, tensor = placed.embedding
     model.set_output_embeddings(_make_linear(tensor, None, linear_factory, dtype,
                                              supported_qtypes))
+    return [tensor]
 
 
 def _replace(model: nn.Module, module_path: str, new: nn.Module) -> None:

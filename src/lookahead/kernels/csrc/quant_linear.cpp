@@ -1,7 +1,6 @@
-// y = x @ W.T + b for a weight W kept in GGUF's quantized blocks (Q4_0, Q4_1, Q5_0, Q8_0, Q4_K,
-// Q6_K)
-// and a few rows x, by integer dot products: each weight is read from memory once per pass and
-// multiplied into up to kRows token rows.
+// y = x @ W.T + b for a weight W kept in GGUF's quantized blocks (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0,
+// IQ4_NL, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS) and a few rows x, by integer dot products:
+// each weight is read from memory once per pass and multiplied into up to kRows token rows.
 //
 // Why our own: decoding a 1.5B model on a CPU is bound by reading its weights (Q4_K_M: 1.04
 // GiB, about 31 ms a pass at 33 GB/s), and speculation pays only when checking k guessed
@@ -27,11 +26,14 @@
 // (a) lookahead.kernels.quant_formats.reference_linear gives the same bits in PyTorch, and
 // (b) a row's result does not depend on the rows beside it: k rows give the bits of k passes
 //     of one row.
-// The layout (quant_formats.py's docstring) keeps the GGUF sizes: Q4_K 4.625 bits a weight
-// (its 6-bit scales widened to bytes), Q6_K 6.5625, Q4_0 4.5, Q4_1 5, Q5_0 5.5, Q8_0 8.5.
+// The layout (quant_formats.py's docstring) keeps about the GGUF sizes: Q4_K 4.625 bits a
+// weight (its 6-bit scales widened to bytes), Q5_K 5.625, Q6_K 6.5625, Q3_K 3.5625, Q2_K
+// 3.125, IQ4_XS 4.3125, Q4_0 and IQ4_NL 4.5, Q4_1 5, Q5_0 5.5, Q5_1 6, Q8_0 8.5. IQ4's
+// 4-bit indices become their levels by one byte shuffle (vpshufb) per 64 bytes.
 //
 // Built twice by quant_linear.py: with -mavx512vnni (and BW, VL, F16C) or with -mavx2 and
-// F16C; the same templates serve both through the traits struct V, defined per build below.
+// F16C; the same templates serve both through the traits struct V, defined per build in
+// quant_isa.h (the kernels for blocks of 256 inputs are in quant_blocks.h).
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <immintrin.h>
@@ -45,7 +47,14 @@
 
 namespace {
 
-enum QType : int { kQ4_0 = 2, kQ4_1 = 3, kQ5_0 = 6, kQ8_0 = 8, kQ4_K = 12, kQ6_K = 14 };
+enum QType : int {
+  kQ4_0 = 2, kQ4_1 = 3, kQ5_0 = 6, kQ5_1 = 7, kQ8_0 = 8, kQ2_K = 10, kQ3_K = 11, kQ4_K = 12,
+  kQ5_K = 13, kQ6_K = 14, kIQ4_NL = 20, kIQ4_XS = 23
+};
+// IQ4_NL's and IQ4_XS's 16 levels (ggml's kvalues_iq4nl) plus 128, as unsigned bytes: a
+// looked-up quant then goes through the Q8_0 product (dot_q8), offset 128 included.
+alignas(16) constexpr uint8_t kLevels[16] = {1, 24, 45, 63, 79, 93, 106, 118,
+                                             129, 141, 153, 166, 181, 197, 217, 241};
 constexpr int kGroup = 16;          // outputs per record
 // Bytes of records ahead to ask memory for. Without it, a pass of 8 rows over a Q4_K layer
 // read from memory took 1.8 times its time from cache (memory and arithmetic did not
@@ -58,110 +67,7 @@ constexpr int64_t kAhead = 4096;
 
 inline int32_t load32(const void* p) { int32_t v; std::memcpy(&v, p, 4); return v; }
 
-#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
-constexpr const char* kIsa = "avx512vnni";
-// Token rows per weight read: at most kRows, kTile unless asked otherwise (rows tried:
-// docs/quantized-kernel.md).
-constexpr int kRows = 12;
-constexpr int kTile = 8;
-struct V {
-  using I = __m512i;
-  using F = __m512;
-  static constexpr int kLanes = 16;
-  static constexpr bool kQ8Offset = true;   // Q8_0 bytes stay +128: subtract 128 * sum(x)
-  static I zero() { return _mm512_setzero_si512(); }
-  static I load(const uint8_t* p) { return _mm512_loadu_si512(p); }
-  static I set1(int32_t v) { return _mm512_set1_epi32(v); }
-  static I set8(int v) { return _mm512_set1_epi8(static_cast<char>(v)); }
-  static I and_(I a, I b) { return _mm512_and_si512(a, b); }
-  static I or_(I a, I b) { return _mm512_or_si512(a, b); }
-  template <int S> static I srl(I a) { return _mm512_srli_epi16(a, S); }
-  template <int S> static I sll(I a) { return _mm512_slli_epi16(a, S); }
-  static I sll_n(I a, unsigned n) { return _mm512_slli_epi16(a, n); }
-  static I srl_n(I a, unsigned n) { return _mm512_srli_epi16(a, n); }
-  static I dot(I acc, I u, I s) { return _mm512_dpbusd_epi32(acc, u, s); }
-  static I dot_q8(I acc, I u, I s) { return _mm512_dpbusd_epi32(acc, u, s); }
-  static I dot16(I acc, I a, I b) { return _mm512_dpwssd_epi32(acc, a, b); }
-  static I mul(I a, I b) { return _mm512_mullo_epi32(a, b); }
-  static I add(I a, I b) { return _mm512_add_epi32(a, b); }
-  static I u8x32(const uint8_t* p) {
-    return _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-  }
-  static I i8x32(const uint8_t* p) {
-    return _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-  }
-  static I u8x16(const uint8_t* p) {
-    return _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
-  }
-  static F half(const uint8_t* p) {
-    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
-  }
-  static F cvt(I a) { return _mm512_cvtepi32_ps(a); }
-  static F setf(float v) { return _mm512_set1_ps(v); }
-  static F fmul(F a, F b) { return _mm512_mul_ps(a, b); }
-  static F fsub(F a, F b) { return _mm512_sub_ps(a, b); }
-  static F fadd(F a, F b) { return _mm512_add_ps(a, b); }
-  static F loadf(const float* p) { return _mm512_loadu_ps(p); }
-  static void storef(float* p, F a) { _mm512_storeu_ps(p, a); }
-};
-#elif defined(__AVX2__) && defined(__F16C__)
-constexpr const char* kIsa = "avx2";
-constexpr int kRows = 6;   // 16 ymm registers: the rows' two sums each and the weights
-constexpr int kTile = 4;
-struct V {
-  using I = __m256i;
-  using F = __m256;
-  static constexpr int kLanes = 8;
-  static constexpr bool kQ8Offset = false;  // Q8_0 by the sign trick: no +128 offset
-  static I zero() { return _mm256_setzero_si256(); }
-  static I load(const uint8_t* p) { return _mm256_loadu_si256(reinterpret_cast<const I*>(p)); }
-  static I set1(int32_t v) { return _mm256_set1_epi32(v); }
-  static I set8(int v) { return _mm256_set1_epi8(static_cast<char>(v)); }
-  static I and_(I a, I b) { return _mm256_and_si256(a, b); }
-  static I or_(I a, I b) { return _mm256_or_si256(a, b); }
-  template <int S> static I srl(I a) { return _mm256_srli_epi16(a, S); }
-  template <int S> static I sll(I a) { return _mm256_slli_epi16(a, S); }
-  static I sll_n(I a, int n) { return _mm256_slli_epi16(a, n); }
-  static I srl_n(I a, int n) { return _mm256_srli_epi16(a, n); }
-  // u * s by bytes, pairs summed to int16 (no saturation: u <= 63 here), then pairs to int32
-  static I dot(I acc, I u, I s) {
-    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s),
-                                                   _mm256_set1_epi16(1)));
-  }
-  // Q8_0: u holds w + 128; |w| * (x * sign(w)) keeps each int16 pair under 2^15
-  static I dot_q8(I acc, I u, I s) {
-    const I w = _mm256_xor_si256(u, set8(0x80));
-    return dot(acc, _mm256_sign_epi8(w, w), _mm256_sign_epi8(s, w));
-  }
-  static I dot16(I acc, I a, I b) { return _mm256_add_epi32(acc, _mm256_madd_epi16(a, b)); }
-  static I mul(I a, I b) { return _mm256_mullo_epi32(a, b); }
-  static I add(I a, I b) { return _mm256_add_epi32(a, b); }
-  static I u8x32(const uint8_t* p) {
-    return _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
-  }
-  static I i8x32(const uint8_t* p) {
-    return _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
-  }
-  static I u8x16(const uint8_t* p) {
-    return _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-  }
-  static F half(const uint8_t* p) {
-    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-  }
-  static F cvt(I a) { return _mm256_cvtepi32_ps(a); }
-  static F setf(float v) { return _mm256_set1_ps(v); }
-  static F fmul(F a, F b) { return _mm256_mul_ps(a, b); }
-  static F fsub(F a, F b) { return _mm256_sub_ps(a, b); }
-  static F fadd(F a, F b) { return _mm256_add_ps(a, b); }
-  static F loadf(const float* p) { return _mm256_loadu_ps(p); }
-  static void storef(float* p, F a) { _mm256_storeu_ps(p, a); }
-};
-#else
-#error "quant_linear.cpp needs AVX2 and F16C (or AVX512-VNNI and BW)"
-#endif
-
-using I = V::I;
-using F = V::F;
+#include "quant_isa.h"   // struct V: the build's instructions; kRows, kTile
 
 // Where one call's rows are: xq at the block's first input of row 0, dx / xs at its first
 // scale / sub-sum, y at the group's first output of row 0; ld* step one row on. once: no
@@ -202,100 +108,22 @@ inline void finish(const I* isum, const I* msum, F d, F dmin, const Rows& a, int
   }
 }
 
-// One Q4_K block: 256 inputs, 8 sub-blocks of 32 with 6-bit scale and min. lane0: first
-// output of this call within the record (AVX2 takes the 16 outputs in two halves).
-template <int R>
-void q4k(const uint8_t* rec, int64_t /*count*/, const Rows& a, const uint8_t* ahead, int lane0,
-         bool first) {
-  // Independent sums per row: vpdpbusd's latency is 4 cycles, its throughput 1 a cycle, so
-  // one or two rows keep several chains in flight (integers: their order changes nothing).
-  constexpr int S = R >= 4 ? 1 : 4 / R;
-  const I low = V::set8(0x0F);
-  I isum[R], acc[R][S];
-  for (int r = 0; r < R; ++r) isum[r] = V::zero();
-  for (int j = 0; j < 8; ++j) {
-    prefetch_lines(ahead, j * 296, (j + 1) * 296, a.once);  // 2368 bytes a record: an eighth
-    for (int r = 0; r < R; ++r)
-      for (int s = 0; s < S; ++s) acc[r][s] = V::zero();
-    for (int c = 0; c < 4; ++c) {
-      const I p = V::load(rec + (4 * j + c) * 64 + lane0 * 4);
-      const I lo = V::and_(p, low), hi = V::and_(V::srl<4>(p), low);
-      const int8_t* x = a.xq + 32 * j + 8 * c;
-      for (int r = 0; r < R; ++r) {
-        I& even = acc[r][(2 * c) % S];
-        even = V::dot(even, lo, bcast(x + r * a.ldx));
-        I& odd = acc[r][(2 * c + 1) % S];
-        odd = V::dot(odd, hi, bcast(x + r * a.ldx + 4));
-      }
-    }
-    const I sc = V::u8x32(rec + 2048 + 16 * j + lane0);
-    for (int r = 0; r < R; ++r) {
-      for (int s = 1; s < S; ++s) acc[r][0] = V::add(acc[r][0], acc[r][s]);
-      isum[r] = V::add(isum[r], V::mul(acc[r][0], sc));
-    }
-  }
-  I pairs[4], msum[R];
-  for (int p = 0; p < 4; ++p) pairs[p] = V::u8x16(rec + 2176 + 32 * p + 2 * lane0);
-  for (int r = 0; r < R; ++r) {
-    msum[r] = V::zero();   // the min sums: over sub-blocks, m * sum(x)
-    for (int p = 0; p < 4; ++p)
-      msum[r] = V::dot16(msum[r], pairs[p], V::set1(load32(a.xs + r * a.ldxs + 2 * p)));
-  }
-  finish<R, true>(isum, msum, V::half(rec + 2304 + 2 * lane0), V::half(rec + 2336 + 2 * lane0),
-                  a, 0, first);
-}
+#include "quant_blocks.h"   // k32, k16: blocks of 256 inputs
 
-// One Q6_K block: 256 inputs, 16 sub-blocks of 16 with an int8 scale; quants 0..63, less 32.
-template <int R>
-void q6k(const uint8_t* rec, int64_t /*count*/, const Rows& a, const uint8_t* ahead, int lane0,
-         bool first) {
-  constexpr int S = R >= 4 ? 1 : 4 / R;   // independent sums per row, as in q4k
-  const I low = V::set8(0x0F), high = V::set8(0x30);
-  I isum[R], two[R][S];
-  for (int r = 0; r < R; ++r) isum[r] = V::zero();
-  for (int j = 0; j < 16; ++j) {
-    prefetch_lines(ahead, j * 210, (j + 1) * 210, a.once);   // 3360 bytes a record
-    for (int r = 0; r < R; ++r) {
-      two[r][0] = V::set1(-32 * a.xs[r * a.ldxs + j]);
-      for (int s = 1; s < S; ++s) two[r][s] = V::zero();
-    }
-    const I p0 = V::load(rec + 128 * j + lane0 * 4), p1 = V::load(rec + 128 * j + 64 + lane0 * 4);
-    const I h = V::load(rec + 2048 + 64 * j + lane0 * 4);
-    const I q[4] = {V::or_(V::and_(p0, low), V::and_(V::sll<4>(h), high)),
-                    V::or_(V::and_(V::srl<4>(p0), low), V::and_(V::sll<2>(h), high)),
-                    V::or_(V::and_(p1, low), V::and_(h, high)),
-                    V::or_(V::and_(V::srl<4>(p1), low), V::and_(V::srl<2>(h), high))};
-    const int8_t* x = a.xq + 16 * j;
-    for (int k = 0; k < 4; ++k)
-      for (int r = 0; r < R; ++r)
-        two[r][k % S] = V::dot(two[r][k % S], q[k], bcast(x + r * a.ldx + 4 * k));
-    const I sc = V::i8x32(rec + 3072 + 16 * j + lane0);
-    for (int r = 0; r < R; ++r) {
-      for (int s = 1; s < S; ++s) two[r][0] = V::add(two[r][0], two[r][s]);
-      isum[r] = V::add(isum[r], V::mul(two[r][0], sc));
-    }
-  }
-  finish<R, false>(isum, isum, V::half(rec + 3328 + 2 * lane0), V::setf(0.f), a, 0, first);
-}
-
-// Q5_0's fifth bits: bit k of each byte of h, moved to bit 4 (the bytes' other bits cleared).
-// Shifts of 16-bit lanes by at most 4 keep bit 4 of each byte within its byte.
-inline I fifth_bit(I h, int k) {
-  const I bit = V::set8(0x10);
-  return V::and_(k <= 4 ? V::sll_n(h, 4 - k) : V::srl_n(h, k - 4), bit);
-}
-
-// `count` blocks of 32 inputs (Q4_0, Q4_1, Q5_0, Q8_0), one float16 scale (and min) each.
+// `count` blocks of 32 inputs (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL), one float16 scale (and
+// min) each.
 template <int R, int QT>
 void small(const uint8_t* rec, int64_t count, const Rows& a, const uint8_t* ahead, int lane0,
            bool first) {
-  constexpr bool kByte = QT == kQ8_0, kFive = QT == kQ5_0;
-  constexpr int64_t kQuantBytes = kByte ? 512 : (kFive ? 256 + 64 : 256);  // Q5_0: + bits
-  constexpr int64_t kBytes = kQuantBytes + (QT == kQ4_1 ? 64 : 32);
-  constexpr int32_t kOffset =
-      QT == kQ4_0 ? 8 : (kFive ? 16 : (kByte && V::kQ8Offset ? 128 : 0));
+  constexpr bool kByte = QT == kQ8_0, kFive = QT == kQ5_0 || QT == kQ5_1;
+  constexpr bool kMin = QT == kQ4_1 || QT == kQ5_1, kCode = QT == kIQ4_NL;
+  constexpr int64_t kQuantBytes = kByte ? 512 : (kFive ? 256 + 64 : 256);  // Q5: + bits
+  constexpr int64_t kBytes = kQuantBytes + (kMin ? 64 : 32);
+  constexpr int32_t kOffset = QT == kQ4_0 ? 8 : (QT == kQ5_0 ? 16 :
+                              ((kByte || kCode) && V::kQ8Offset ? 128 : 0));
   constexpr int S = R >= 4 ? 1 : 4 / R;   // independent sums per row, as in q4k
   const I low = V::set8(0x0F);
+  const I levels = kCode ? V::table(kLevels) : V::zero();
   I acc[R][S], msum[R];
   for (int64_t b = 0; b < count; ++b, rec += kBytes) {
     prefetch_lines(ahead == nullptr ? nullptr : ahead + b * kBytes, 0, kBytes, a.once);
@@ -318,11 +146,17 @@ void small(const uint8_t* rec, int64_t count, const Rows& a, const uint8_t* ahea
           lo = V::or_(lo, fifth_bit(h, 2 * c));
           hi = V::or_(hi, fifth_bit(h, 2 * c + 1));
         }
+        if constexpr (kCode) { lo = V::lookup(levels, lo); hi = V::lookup(levels, hi); }
         for (int r = 0; r < R; ++r) {
           I& even = acc[r][(2 * c) % S];
-          even = V::dot(even, lo, bcast(x + r * a.ldx + 8 * c));
           I& odd = acc[r][(2 * c + 1) % S];
-          odd = V::dot(odd, hi, bcast(x + r * a.ldx + 8 * c + 4));
+          if constexpr (kCode) {
+            even = V::dot_q8(even, lo, bcast(x + r * a.ldx + 8 * c));
+            odd = V::dot_q8(odd, hi, bcast(x + r * a.ldx + 8 * c + 4));
+          } else {
+            even = V::dot(even, lo, bcast(x + r * a.ldx + 8 * c));
+            odd = V::dot(odd, hi, bcast(x + r * a.ldx + 8 * c + 4));
+          }
         }
       }
     }
@@ -332,7 +166,7 @@ void small(const uint8_t* rec, int64_t count, const Rows& a, const uint8_t* ahea
       for (int s = 1; s < S; ++s) isum[r] = V::add(isum[r], acc[r][s]);
     }
     const F d = V::half(rec + kQuantBytes + 2 * lane0);
-    if constexpr (QT == kQ4_1) {
+    if constexpr (kMin) {
       finish<R, true>(isum, msum, d, V::half(rec + kQuantBytes + 32 + 2 * lane0), a, b,
                       first && b == 0);
     } else {
@@ -345,8 +179,8 @@ using Kernel = void (*)(const uint8_t*, int64_t, const Rows&, const uint8_t*, in
 
 template <int QT, int R>
 constexpr Kernel kernel_for() {
-  if constexpr (QT == kQ4_K) return q4k<R>;
-  else if constexpr (QT == kQ6_K) return q6k<R>;
+  if constexpr (QT == kQ4_K || QT == kQ5_K || QT == kIQ4_XS) return k32<R, QT>;
+  else if constexpr (QT == kQ6_K || QT == kQ3_K || QT == kQ2_K) return k16<R, QT>;
   else return small<R, QT>;
 }
 
@@ -360,14 +194,20 @@ struct Format { int64_t block, sub, record, step; };
 
 Format format_of(int64_t qtype) {
   switch (qtype) {
-    case kQ4_0: return {32, 32, 288, 8};
+    case kQ4_0: case kIQ4_NL: return {32, 32, 288, 8};
     case kQ4_1: return {32, 32, 320, 8};
     case kQ5_0: return {32, 32, 352, 8};
+    case kQ5_1: return {32, 32, 384, 8};
     case kQ8_0: return {32, 32, 544, 8};
-    case kQ4_K: return {256, 32, 2368, 1};
-    case kQ6_K: return {256, 16, 3360, 1};
-    default: TORCH_CHECK(false, "qtype: expected one of Q4_0 (2), Q4_1 (3), Q5_0 (6), Q8_0 (8), "
-                         "Q4_K (12), Q6_K (14), got ", qtype);
+    case kQ4_K: return {256, 32, K32<kQ4_K>::kRecord, 1};
+    case kQ5_K: return {256, 32, K32<kQ5_K>::kRecord, 1};
+    case kIQ4_XS: return {256, 32, K32<kIQ4_XS>::kRecord, 1};
+    case kQ2_K: return {256, 16, K16<kQ2_K>::kRecord, 1};
+    case kQ3_K: return {256, 16, K16<kQ3_K>::kRecord, 1};
+    case kQ6_K: return {256, 16, K16<kQ6_K>::kRecord, 1};
+    default: TORCH_CHECK(false, "qtype: expected one of Q4_0 (2), Q4_1 (3), Q5_0 (6), Q5_1 (7), "
+                         "Q8_0 (8), Q2_K (10), Q3_K (11), Q4_K (12), Q5_K (13), Q6_K (14), "
+                         "IQ4_NL (20), IQ4_XS (23), got ", qtype);
   }
   return {};
 }
@@ -503,7 +343,13 @@ torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& records, int64
       case kQ4_1: run_groups<kQ4_1>(g0, g1, rec, f, blocks, all, n, tile, distance); break;
       case kQ5_0: run_groups<kQ5_0>(g0, g1, rec, f, blocks, all, n, tile, distance); break;
       case kQ8_0: run_groups<kQ8_0>(g0, g1, rec, f, blocks, all, n, tile, distance); break;
+      case kQ5_1: run_groups<kQ5_1>(g0, g1, rec, f, blocks, all, n, tile, distance); break;
+      case kIQ4_NL: run_groups<kIQ4_NL>(g0, g1, rec, f, blocks, all, n, tile, distance); break;
+      case kQ2_K: run_groups<kQ2_K>(g0, g1, rec, f, blocks, all, n, tile, distance); break;
+      case kQ3_K: run_groups<kQ3_K>(g0, g1, rec, f, blocks, all, n, tile, distance); break;
       case kQ4_K: run_groups<kQ4_K>(g0, g1, rec, f, blocks, all, n, tile, distance); break;
+      case kQ5_K: run_groups<kQ5_K>(g0, g1, rec, f, blocks, all, n, tile, distance); break;
+      case kIQ4_XS: run_groups<kIQ4_XS>(g0, g1, rec, f, blocks, all, n, tile, distance); break;
       default: run_groups<kQ6_K>(g0, g1, rec, f, blocks, all, n, tile, distance); break;
     }
   });

@@ -1,0 +1,169 @@
+// The kernels of quant_linear.cpp for blocks of 256 inputs: k32 (sub-blocks of 32: Q4_K,
+// Q5_K, IQ4_XS) and k16 (sub-blocks of 16: Q6_K, Q3_K, Q2_K), with the bit-plane helpers that
+// small (blocks of 32) shares. Included by quant_linear.cpp inside its anonymous namespace,
+// after quant_isa.h, Rows, prefetch_lines, bcast and finish.
+#pragma once
+
+// Q5_0's and Q5_K's fifth bits: bit k of each byte of h, moved to bit 4 (the bytes' other
+// bits cleared). Shifts of 16-bit lanes by at most 4 keep bit 4 of each byte within its byte.
+inline I fifth_bit(I h, int k) {
+  const I bit = V::set8(0x10);
+  return V::and_(k <= 4 ? V::sll_n(h, 4 - k) : V::srl_n(h, k - 4), bit);
+}
+
+// Where the parts of a record of 256 inputs in sub-blocks of 32 lie (quant_formats.pack):
+// Q4_K, Q5_K (a plane of fifth bits after the nibbles) and IQ4_XS (nibbles index kLevels;
+// int8 scales; no mins).
+template <int QT>
+struct K32 {
+  static constexpr bool kFive = QT == kQ5_K, kCode = QT == kIQ4_XS, kMin = !kCode;
+  static constexpr int64_t kScales = 2048 + (kFive ? 512 : 0);
+  static constexpr int64_t kMins = kScales + 128;
+  static constexpr int64_t kD = kMins + (kMin ? 128 : 0);
+  static constexpr int64_t kRecord = kD + (kMin ? 64 : 32);
+};
+
+// The min sums of `P` sub-block pairs: m * sum(x) over the sub-blocks, by int16 pairs.
+template <int R, int P>
+inline void min_sums(const uint8_t* mins, const Rows& a, int lane0, I* msum) {
+  I pairs[P];
+  for (int p = 0; p < P; ++p) pairs[p] = V::u8x16(mins + 32 * p + 2 * lane0);
+  for (int r = 0; r < R; ++r) {
+    msum[r] = V::zero();
+    for (int p = 0; p < P; ++p)
+      msum[r] = V::dot16(msum[r], pairs[p], V::set1(load32(a.xs + r * a.ldxs + 2 * p)));
+  }
+}
+
+// One block of 256 inputs in 8 sub-blocks of 32 (K32's types). lane0: first output of this
+// call within the record (AVX2 takes the 16 outputs in two halves).
+template <int R, int QT>
+void k32(const uint8_t* rec, int64_t /*count*/, const Rows& a, const uint8_t* ahead, int lane0,
+         bool first) {
+  using L = K32<QT>;
+  // Independent sums per row: vpdpbusd's latency is 4 cycles, its throughput 1 a cycle, so
+  // one or two rows keep several chains in flight (integers: their order changes nothing).
+  constexpr int S = R >= 4 ? 1 : 4 / R;
+  constexpr int32_t kOffset = L::kCode && V::kQ8Offset ? 128 : 0;
+  const I low = V::set8(0x0F);
+  const I levels = L::kCode ? V::table(kLevels) : V::zero();
+  I isum[R], acc[R][S];
+  for (int r = 0; r < R; ++r) isum[r] = V::zero();
+  for (int j = 0; j < 8; ++j) {
+    prefetch_lines(ahead, j * L::kRecord / 8, (j + 1) * L::kRecord / 8, a.once);
+    for (int r = 0; r < R; ++r) {
+      acc[r][0] = V::set1(-kOffset * a.xs[r * a.ldxs + j]);
+      for (int s = 1; s < S; ++s) acc[r][s] = V::zero();
+    }
+    const I h = L::kFive ? V::load(rec + 2048 + 64 * j + lane0 * 4) : V::zero();
+    for (int c = 0; c < 4; ++c) {
+      const I p = V::load(rec + (4 * j + c) * 64 + lane0 * 4);
+      I lo = V::and_(p, low), hi = V::and_(V::srl<4>(p), low);
+      if constexpr (L::kFive) {   // inputs 8c + b and 8c + 4 + b: bits 2c and 2c + 1
+        lo = V::or_(lo, fifth_bit(h, 2 * c));
+        hi = V::or_(hi, fifth_bit(h, 2 * c + 1));
+      }
+      if constexpr (L::kCode) { lo = V::lookup(levels, lo); hi = V::lookup(levels, hi); }
+      const int8_t* x = a.xq + 32 * j + 8 * c;
+      for (int r = 0; r < R; ++r) {
+        I& even = acc[r][(2 * c) % S];
+        I& odd = acc[r][(2 * c + 1) % S];
+        if constexpr (L::kCode) {
+          even = V::dot_q8(even, lo, bcast(x + r * a.ldx));
+          odd = V::dot_q8(odd, hi, bcast(x + r * a.ldx + 4));
+        } else {
+          even = V::dot(even, lo, bcast(x + r * a.ldx));
+          odd = V::dot(odd, hi, bcast(x + r * a.ldx + 4));
+        }
+      }
+    }
+    const uint8_t* scales = rec + L::kScales + 16 * j + lane0;
+    const I sc = L::kCode ? V::i8x32(scales) : V::u8x32(scales);
+    for (int r = 0; r < R; ++r) {
+      for (int s = 1; s < S; ++s) acc[r][0] = V::add(acc[r][0], acc[r][s]);
+      isum[r] = V::add(isum[r], V::mul(acc[r][0], sc));
+    }
+  }
+  const F d = V::half(rec + L::kD + 2 * lane0);
+  if constexpr (L::kMin) {
+    I msum[R];
+    min_sums<R, 4>(rec + L::kMins, a, lane0, msum);
+    finish<R, true>(isum, msum, d, V::half(rec + L::kD + 32 + 2 * lane0), a, 0, first);
+  } else {
+    finish<R, false>(isum, isum, d, V::setf(0.f), a, 0, first);
+  }
+}
+
+// Q3_K's third bits: bit i of each byte of h, moved to bit 2 (the bytes' other bits cleared);
+// shifts of 16-bit lanes by at most 5 keep bit 2 of each byte within its byte.
+inline I third_bit(I h, int i) {
+  const I bit = V::set8(0x04);
+  return V::and_(i <= 2 ? V::sll_n(h, 2 - i) : V::srl_n(h, i - 2), bit);
+}
+
+// Where the parts of a record of 256 inputs in sub-blocks of 16 lie: Q6_K (nibbles, then a
+// plane of two high bits; quants 0..63, less 32), Q3_K (a plane of two low bits, then one of
+// third bits; quants 0..7, less 4) and Q2_K (two bits, with mins); int8 scales (Q2_K's 0..15).
+template <int QT>
+struct K16 {
+  static constexpr bool kHigh = QT == kQ6_K, kThird = QT == kQ3_K, kMin = QT == kQ2_K;
+  static constexpr int32_t kOffset = QT == kQ6_K ? 32 : (QT == kQ3_K ? 4 : 0);
+  static constexpr int64_t kScales = kHigh ? 3072 : (kThird ? 1536 : 1024);
+  static constexpr int64_t kMins = kScales + 256;
+  static constexpr int64_t kD = kMins + (kMin ? 256 : 0);
+  static constexpr int64_t kRecord = kD + (kMin ? 64 : 32);
+};
+
+// One block of 256 inputs in 16 sub-blocks of 16 (K16's types).
+template <int R, int QT>
+void k16(const uint8_t* rec, int64_t /*count*/, const Rows& a, const uint8_t* ahead, int lane0,
+         bool first) {
+  using L = K16<QT>;
+  constexpr int S = R >= 4 ? 1 : 4 / R;   // independent sums per row, as in k32
+  const I low = V::set8(0x0F), high = V::set8(0x30), three = V::set8(0x03);
+  I isum[R], two[R][S];
+  for (int r = 0; r < R; ++r) isum[r] = V::zero();
+  for (int j = 0; j < 16; ++j) {
+    prefetch_lines(ahead, j * L::kRecord / 16, (j + 1) * L::kRecord / 16, a.once);
+    for (int r = 0; r < R; ++r) {
+      two[r][0] = V::set1(-L::kOffset * a.xs[r * a.ldxs + j]);
+      for (int s = 1; s < S; ++s) two[r][s] = V::zero();
+    }
+    I q[4];
+    if constexpr (L::kHigh) {
+      const I p0 = V::load(rec + 128 * j + lane0 * 4), p1 = V::load(rec + 128 * j + 64 + lane0 * 4);
+      const I h = V::load(rec + 2048 + 64 * j + lane0 * 4);
+      q[0] = V::or_(V::and_(p0, low), V::and_(V::sll<4>(h), high));
+      q[1] = V::or_(V::and_(V::srl<4>(p0), low), V::and_(V::sll<2>(h), high));
+      q[2] = V::or_(V::and_(p1, low), V::and_(h, high));
+      q[3] = V::or_(V::and_(V::srl<4>(p1), low), V::and_(V::srl<2>(h), high));
+    } else {   // bits 2k, 2k + 1 of byte b: input 4k + b
+      const I p = V::load(rec + 64 * j + lane0 * 4);
+      q[0] = V::and_(p, three);
+      q[1] = V::and_(V::srl<2>(p), three);
+      q[2] = V::and_(V::srl<4>(p), three);
+      q[3] = V::and_(V::srl<6>(p), three);
+    }
+    if constexpr (L::kThird) {   // for each 32 inputs, bit i of byte b: input 4i + b
+      const I h = V::load(rec + 1024 + 64 * (j / 2) + lane0 * 4);
+      for (int k = 0; k < 4; ++k) q[k] = V::or_(q[k], third_bit(h, 4 * (j % 2) + k));
+    }
+    const int8_t* x = a.xq + 16 * j;
+    for (int k = 0; k < 4; ++k)
+      for (int r = 0; r < R; ++r)
+        two[r][k % S] = V::dot(two[r][k % S], q[k], bcast(x + r * a.ldx + 4 * k));
+    const I sc = V::i8x32(rec + L::kScales + 16 * j + lane0);
+    for (int r = 0; r < R; ++r) {
+      for (int s = 1; s < S; ++s) two[r][0] = V::add(two[r][0], two[r][s]);
+      isum[r] = V::add(isum[r], V::mul(two[r][0], sc));
+    }
+  }
+  const F d = V::half(rec + L::kD + 2 * lane0);
+  if constexpr (L::kMin) {
+    I msum[R];
+    min_sums<R, 8>(rec + L::kMins, a, lane0, msum);
+    finish<R, true>(isum, msum, d, V::half(rec + L::kD + 32 + 2 * lane0), a, 0, first);
+  } else {
+    finish<R, false>(isum, isum, d, V::setf(0.f), a, 0, first);
+  }
+}

@@ -68,6 +68,7 @@ class StructuredOutput:
 
     def prompt(self, body, messages: list[dict]) -> torch.Tensor:
         """Token ids [1, L] of the conversation with ``body.tools`` rendered by the template."""
+        tool_choice_of(body.tool_choice, body.tools)  # a bad choice is named as such
         text = _checked(lambda: render_prompt(self.tokenizer, messages, body.tools,
                                               body.tool_choice), "tools")
         return self.tokenizer(text, add_special_tokens=False, return_tensors="pt")["input_ids"]

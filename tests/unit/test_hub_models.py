@@ -1,58 +1,33 @@
 """GGUF models named on the Hugging Face hub, read from a hub cache laid out here, offline.
 
 Each test builds ``models--owner--repo/{blobs,refs/main,snapshots/<commit>/...}`` as
-huggingface_hub writes it, points huggingface_hub at it and turns its offline mode on, so that
-nothing touches the network.
+huggingface_hub writes it (``hub_cache.add_repo``), points huggingface_hub at it and turns its
+offline mode on, so that nothing touches the network.
 """
 
 from __future__ import annotations
 
-import hashlib
 import shutil
 from pathlib import Path
 
+import huggingface_hub
 import huggingface_hub.constants
 import pytest
 import torch
+from hub_cache import add_repo, use_hub_cache
 from tiny_gguf import Q, write_tiny_gguf
 
 from lookahead.models.hub import HubName, parse_hub_name, pick_gguf, resolve_hub_name
 from lookahead.models.load import is_gguf_source, load_model
 from lookahead.models.registry import ModelNotAvailableError
 
-COMMIT = "0123456789abcdef0123456789abcdef01234567"
 QUANTS = ("model-Q4_K_M.gguf", "model-Q5_K_M.gguf", "sub/model-Q8_0.gguf")
-
-
-def add_repo(cache: Path, repo_id: str, files: dict[str, Path | bytes]) -> Path:
-    """Lay out ``repo_id``'s snapshot in ``cache`` as huggingface_hub does: each file a link
-    to a blob named by its hash, refs/main naming the commit. Returns the snapshot folder."""
-    repo = cache / ("models--" + repo_id.replace("/", "--"))
-    (repo / "refs").mkdir(parents=True, exist_ok=True)
-    (repo / "refs" / "main").write_text(COMMIT)
-    snapshot = repo / "snapshots" / COMMIT
-    for name, content in files.items():
-        data = content.read_bytes() if isinstance(content, Path) else content
-        blob = repo / "blobs" / hashlib.sha256(data).hexdigest()
-        blob.parent.mkdir(parents=True, exist_ok=True)
-        blob.write_bytes(data)
-        link = snapshot / name
-        link.parent.mkdir(parents=True, exist_ok=True)
-        link.symlink_to(Path("../" * (name.count("/") + 2)) / "blobs" / blob.name)
-    return snapshot
 
 
 @pytest.fixture()
 def hub_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """An empty hub cache, huggingface_hub pointed at it and offline (its constants are read
-    when it is imported, so they are set as well as the environment)."""
-    cache = tmp_path / "hub"
-    cache.mkdir()
-    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(cache))
-    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
-    return cache
+    """An empty hub cache, huggingface_hub pointed at it and offline."""
+    return use_hub_cache(monkeypatch, tmp_path / "hub")
 
 
 @pytest.fixture()
@@ -164,11 +139,32 @@ def test_a_file_missing_from_a_cached_repository_says_what_to_do(gguf_repo: Path
         load_model("owner/repo-GGUF/other.gguf")
 
 
+def test_an_unreachable_hub_leaves_the_cache(gguf_repo: Path,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """Offline mode off but no network: the listing fails, the cached file serves, and the
+    download is not tried again (it would wait through the hub's retries)."""
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+
+    def unreachable(*args, **kwargs):
+        raise OSError("[Errno -2] Name or service not known")
+
+    download = huggingface_hub.hf_hub_download
+
+    def cached_only(*args, **kwargs):
+        assert kwargs["local_files_only"] is True
+        return download(*args, **kwargs)
+
+    monkeypatch.setattr(huggingface_hub, "list_repo_files", unreachable)
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", cached_only)
+    found = resolve_hub_name(HubName("owner/repo-GGUF"))
+    assert found.gguf == gguf_repo / "model-Q4_K_M.gguf" and found.local_files_only
+    with pytest.raises(ModelNotAvailableError, match="Name or service not known"):
+        resolve_hub_name(HubName("owner/absent-GGUF"))
+
+
 def test_local_files_only_reads_the_cache_when_online(gguf_repo: Path,
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     """With offline mode off, local_files_only=True still never asks the hub."""
-    import huggingface_hub
-
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
 
     def no_network(*args, **kwargs):

@@ -119,6 +119,7 @@ def test_pick_gguf_reads_the_file_list() -> None:
     name = HubName("o/r")
     assert pick_gguf(name, ["a-Q4_K_M.gguf", "a-IQ4_K_M.gguf", "a-Q4_K_S.gguf"]) == "a-Q4_K_M.gguf"
     assert pick_gguf(name, ["config.json", "model.safetensors", "x-Q4_K_M.gguf"]) is None
+    assert pick_gguf(name, ["config.json", "x-Q4_K_M.gguf"]) == "x-Q4_K_M.gguf"  # no weights
     q8 = HubName("o/r", quant="Q8_0")
     assert pick_gguf(q8, ["w_Q8_0.gguf", "w_Q8_0_L.gguf"]) == "w_Q8_0.gguf"
     with pytest.raises(ValueError, match="has no .gguf file"):

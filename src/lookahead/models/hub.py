@@ -2,8 +2,8 @@
 
 Three spellings name a GGUF file on the hub::
 
-    owner/repo                  the repository's Q4_K_M file (a GGUF repository: .gguf files,
-                                no config.json or .safetensors; else a transformers checkpoint)
+    owner/repo                  the repository's Q4_K_M file (a GGUF repository: .gguf files
+                                and no transformers weights; else a transformers checkpoint)
     owner/repo:Q5_K_M           the file whose name carries that quantization tag (any case)
     owner/repo/sub/file.gguf    that file of the repository
 
@@ -37,8 +37,9 @@ DEFAULT_QUANT = "Q4_K_M"
 _PART = r"[A-Za-z0-9][A-Za-z0-9._-]*"
 _NAME = re.compile(rf"(?P<repo>{_PART}/{_PART})"
                    rf"(?::(?P<quant>[A-Za-z0-9][A-Za-z0-9_-]*)|/(?P<file>(?:{_PART}/)*{_PART}))?")
-# Files of a transformers checkpoint: a repository with them is loaded by transformers.
-_CHECKPOINT = re.compile(r"(^|/)(config\.json|[^/]*\.safetensors)$")
+# Weights of a transformers checkpoint: a repository with them is loaded by transformers (a
+# config.json alone does not count: some GGUF repositories carry one for reference).
+_CHECKPOINT = re.compile(r"(\.safetensors|(^|/)pytorch_model[^/]*\.bin)$")
 _SPLIT = re.compile(r"-\d{5}-of-\d{5}\.gguf$", re.IGNORECASE)  # llama.cpp's split files
 _SHOWN = 20  # files listed in an error message
 
@@ -114,7 +115,7 @@ def names_gguf(name: HubName, *, local_files_only: bool = False) -> bool:
 
 def pick_gguf(name: HubName, files: list[str], *, from_cache: bool = False) -> str | None:
     """The file of ``files`` (paths in ``name.repo_id``) that ``name`` picks: the one .gguf
-    whose path carries the tag; None for a bare id of a repository with checkpoint files.
+    whose path carries the tag; None for a bare id of a repository with checkpoint weights.
     ``from_cache``: ``files`` are those in the local cache (the message then says so)."""
     ggufs = sorted(f for f in files if f.lower().endswith(".gguf"))
     if name.quant is None and (not ggufs or any(_CHECKPOINT.search(f) for f in files)):

@@ -138,6 +138,7 @@ def load_model(
         FileNotFoundError: a path that does not exist or holds no model.
     """
     target = resolve_device(device)
+    resolve_dtype(dtype)  # a bad dtype fails before anything is downloaded
     kernel, quantized = _kernel_and_quantized(packed_weights, quantized)
     source = _resolve_source(name_or_path, local_files_only)
     if _wants_quantized(_is_local_gguf(source.path), dtype, kernel, target, quantized):

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import threading
+import time
 
 import pytest
 
@@ -97,3 +99,44 @@ def test_the_first_compile_is_announced_and_a_later_load_is_not(tmp_path, monkey
     assert announced("int f();\n")  # first time: compiled
     assert not announced("int f();\n")  # the same sources: loaded
     assert announced("int g();\n")  # changed sources: compiled again
+
+
+def test_waiting_for_another_process_s_compile_is_announced(tmp_path, monkeypatch, caplog):
+    import fcntl
+
+    from torch.utils import cpp_extension
+
+    from lookahead.kernels import build
+
+    released = threading.Event()
+    built_after_release = []
+
+    def load(**kwargs):
+        built_after_release.append(released.is_set())
+        return kwargs["name"]
+
+    monkeypatch.setattr(cpp_extension, "load", load)
+    monkeypatch.setattr(build, "build_folder", lambda name: tmp_path / name)
+    source = tmp_path / "probe.cpp"
+    source.write_text("int f();\n")
+    lock = tmp_path / "lookahead_waiter" / "lookahead.lock"
+    lock.parent.mkdir()
+
+    def another_process() -> None:  # flock is per open file: another handle stands for one
+        with lock.open("a") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            held.set()
+            time.sleep(0.5)
+            fcntl.flock(handle, fcntl.LOCK_UN)
+            released.set()
+
+    held = threading.Event()
+    holder = threading.Thread(target=another_process)
+    holder.start()
+    held.wait(10)
+    with caplog.at_level("WARNING", logger="lookahead.kernels.build"):
+        build.compile_kernel("lookahead_waiter", [source], ["-O3"])
+    holder.join(10)
+    assert built_after_release == [True]  # it waited for the holder
+    assert any("another process is compiling the waiter kernel" in r.getMessage()
+               for r in caplog.records)

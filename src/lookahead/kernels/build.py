@@ -18,6 +18,7 @@ its kernel once per layer -- instead of starting the compiler each time.
 from __future__ import annotations
 
 import dataclasses
+import fcntl
 import functools
 import hashlib
 import logging
@@ -84,6 +85,7 @@ def _build_once(name: str, folder: Path, sources: tuple[str, ...], cflags: tuple
     from torch.utils import cpp_extension
 
     try:
+        _say_if_another_builds(folder / "lookahead.lock", name)
         with cache_files.exclusive_lock(folder / "lookahead.lock"):
             cache_files.clear_stale_build_lock(folder)
             stamp = _stamp_of(sources, cflags)
@@ -102,6 +104,20 @@ def _build_once(name: str, folder: Path, sources: tuple[str, ...], cflags: tuple
                        "process", name.removeprefix("lookahead_"), error)
         return _Outcome(error=error)
     return _Outcome(module=module)
+
+
+def _say_if_another_builds(lock: Path, name: str) -> None:
+    """Warn when another process holds the build lock: this one waits, silently otherwise,
+    for that compile to end."""
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    with lock.open("a") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            logger.warning("another process is compiling the %s kernel; waiting for it (%s)",
+                           name.removeprefix("lookahead_"), _FIRST_COMPILE)
+        else:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def _stamp_of(sources: tuple[str, ...], cflags: tuple[str, ...]) -> str:

@@ -30,7 +30,9 @@ from lookahead import cache_files
 
 logger = logging.getLogger(__name__)
 
-# What the first compile of one kernel took with 2 cores (AMD EPYC 7003, g++ 12): 50-90 s.
+# What a first compile of one kernel takes: quant_linear, row_ops and invariant_attention
+# (AVX-512 builds) took 78, 69 and 74 s with 2 cores (AMD EPYC, g++ 12, a busy machine); a
+# first quantized load compiles all three.
 _FIRST_COMPILE = "about 1-2 minutes on 2 cores"
 _STAMP = "lookahead.built"
 

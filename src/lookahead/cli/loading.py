@@ -45,10 +45,7 @@ def load(args: argparse.Namespace) -> Loaded:
     if getattr(args, "threads", None):
         torch.set_num_threads(args.threads)
     if not getattr(args, "verbose", 0):
-        # Loading a small model takes a second: the per-tensor progress bar is only noise.
-        from transformers.utils import logging as transformers_logging
-
-        transformers_logging.disable_progress_bar()
+        quiet_loading_bars()
     packed = getattr(args, "packed_weights", Kernel.PLAIN)
     device = device_arg(args)
     dequantize = getattr(args, "dequantize", False)
@@ -68,6 +65,20 @@ def load(args: argparse.Namespace) -> Loaded:
         except (ValueError, FileNotFoundError) as error:
             raise UsageError("--datastore", str(error)) from None
     return Loaded(model, tokenizer, options)
+
+
+def quiet_loading_bars() -> None:
+    """Turn off transformers' per-tensor bar of a load (a second for a small model: only
+    noise) but keep huggingface_hub's download bars, which transformers' switch turns off
+    too: a first download of a hub model takes minutes, and its bar shows them pass. Bars the
+    hub had off already (``HF_HUB_DISABLE_PROGRESS_BARS=1``) stay off."""
+    from huggingface_hub.utils import are_progress_bars_disabled, enable_progress_bars
+    from transformers.utils import logging as transformers_logging
+
+    hub_bars = not are_progress_bars_disabled()
+    transformers_logging.disable_progress_bar()
+    if hub_bars:
+        enable_progress_bars()
 
 
 def device_arg(args: argparse.Namespace) -> Any:

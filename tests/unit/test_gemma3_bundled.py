@@ -42,8 +42,6 @@ def test_every_method_writes_autoregressive_text(gemma3, prompt) -> None:
         assert lookahead.generate(model, ids, 24, method).sequences.tolist() == expected.tolist()
 
 
-@pytest.mark.xfail(strict=True, reason="the quantized loader's QuantEmbedding drops Gemma's "
-                   "embed_scale (sqrt(hidden size)), so the quantized model writes noise")
 def test_the_quantized_model_writes_the_dequantised_model_s_text(gemma3) -> None:
     model, tokenizer = gemma3
     dequantised, _ = load_model("gemma3-270m", "float32", quantized=False)

@@ -185,6 +185,18 @@ def test_embedding_looks_up_dequantised_rows() -> None:
         QuantEmbedding(torch.zeros(4, 8), Q.Q8_0, 64, torch.float32)
 
 
+def test_a_scaled_embedding_multiplies_its_rows_as_gemma_does() -> None:
+    """Gemma's embedding scales its rows by sqrt(hidden size) in the embedding's dtype; the
+    quantized one keeps that scale."""
+    values = np.random.default_rng(3).normal(size=(10, 64)).astype(np.float32)
+    raw = torch.from_numpy(quantize(values, Q.Q8_0))
+    table = torch.from_numpy(dequantize(raw.numpy(), Q.Q8_0))
+    scale = torch.tensor(64 ** 0.5)
+    embedding = QuantEmbedding(raw, Q.Q8_0, 64, torch.float32, scale=scale)
+    ids = torch.tensor([[1, 4]])
+    assert torch.equal(embedding(ids), table[ids] * scale)
+
+
 @pytest.mark.parametrize("cached_rows", [0, 2, 100])
 def test_embedding_keeps_its_last_rows_and_looks_up_the_same(cached_rows) -> None:
     values = np.random.default_rng(2).normal(size=(10, 64)).astype(np.float32)

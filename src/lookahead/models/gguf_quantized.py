@@ -364,8 +364,10 @@ def _place_embedding(model: PreTrainedModel, placed: _Placed, dtype: torch.dtype
     if placed.embedding is None:
         raise ValueError("the GGUF file holds no token embedding for the model")
     module_path, tensor = placed.embedding
+    # Gemma's embedding multiplies its rows by sqrt(hidden size) (its ``embed_scale``).
+    scale = getattr(model.get_submodule(module_path), "embed_scale", None)
     _replace(model, module_path, QuantEmbedding(_raw(tensor), tensor.qtype, tensor.shape[1],
-                                                dtype))
+                                                dtype, scale=scale))
 
 
 def _place_tied_output(model: PreTrainedModel, placed: _Placed, linear_factory: LinearFactory,

@@ -180,8 +180,10 @@ class QuantEmbedding(nn.Module):
     """
 
     def __init__(self, raw: torch.Tensor, qtype: int, dim: int, dtype: torch.dtype,
-                 cached_rows: int = 2048) -> None:
+                 cached_rows: int = 2048, scale: torch.Tensor | float | None = None) -> None:
         super().__init__()
+        # A factor every row is multiplied by (Gemma's sqrt(hidden size)); None: none.
+        self.scale = None if scale is None else float(torch.as_tensor(scale).float())
         if raw.dtype != torch.uint8 or raw.dim() != 2:
             raise ValueError(f"raw must be uint8 [rows, row_bytes], got {raw.dtype} "
                              f"{list(raw.shape)}")
@@ -200,6 +202,8 @@ class QuantEmbedding(nn.Module):
         with self._lock:
             rows = torch.stack(self._lookup(ids)) if ids else torch.empty(0, self.embedding_dim)
         rows = rows.to(device=input_ids.device, dtype=self.dtype)
+        if self.scale is not None:  # in the embedding's dtype, as transformers scales it
+            rows = rows * torch.tensor(self.scale, dtype=self.dtype)
         return rows.reshape(*input_ids.shape, self.embedding_dim)
 
     def _lookup(self, ids: list[int]) -> list[torch.Tensor]:

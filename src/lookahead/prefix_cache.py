@@ -8,7 +8,7 @@ prompt. The request then prefills only the tokens after it (``Decoder.prefill``)
 
 On the quantized path every row is computed alone, whatever the pass it is in, so the entries
 of a reused prefix are bit for bit those a fresh prefill would compute, and the text is the
-same with the cache on or off (``tests/exactness/test_prefix_cache.py``). On float weights the
+same with the cache on or off (``tests/exactness/test_prefix_reuse.py``). On float weights the
 entries of tokens that were decoded in a step of several rows may round differently from a
 prefill in the last bits, as any batch does.
 

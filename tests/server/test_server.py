@@ -233,7 +233,7 @@ def test_bad_requests_are_400_naming_the_field(served, change, param) -> None:
 @pytest.mark.parametrize(
     "change, param",
     [
-        ({"response_format": {"type": "json_object"}}, "response_format"),
+        ({"response_format": {"type": "yaml"}}, "response_format"),
         ({"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}},
          "response_format"),
         ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
@@ -245,7 +245,9 @@ def test_bad_requests_are_400_naming_the_field(served, change, param) -> None:
     ],
 )
 def test_chat_fields_the_engine_cannot_honour_are_400(served, change, param) -> None:
-    """A client that asks for JSON or a tool call must not get free text it cannot parse;
+    """A client that asks for a format or a tool call that cannot be honoured (an unknown
+    format, a schema missing, tools on a chat template that does not render them, a required
+    call without tools, the legacy functions) must not get free text it cannot parse;
     top_logprobs needs logprobs, and at most 20."""
     body = {"model": MODEL, "messages": [{"role": "user", "content": "w1"}], "max_tokens": 4,
             "temperature": 0, **change}

@@ -48,7 +48,8 @@ class StructuredOutput:
     def grammar(self, body):
         """The grammar ``body`` decodes under, or None: a required or named tool call first,
         else its ``response_format``."""
-        if body.tools and tool_choice_of(body.tool_choice, body.tools) not in ("auto", "none"):
+        choice = tool_choice_of(body.tool_choice, body.tools)  # "required" needs tools
+        if body.tools and choice not in ("auto", "none"):
             from lookahead.tools import tool_call_grammar
 
             return _checked(lambda: tool_call_grammar(self.compiler(), body.tools,

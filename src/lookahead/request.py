@@ -139,7 +139,11 @@ def auto_shape(model, options: dict, cache_dir=None) -> tuple[dict, str]:
     # On a CPU the step costs take seconds to measure and decide how far a step pays; a GPU
     # step's tokens come nearly free, and its default shape runs the window at every step.
     if source == DEFAULT_SOURCE and device == "cpu":
-        shape, source = measured_shape(model, cache_dir)
+        try:
+            shape, source = measured_shape(model, cache_dir)
+        except (RuntimeError, ValueError, TypeError) as error:  # a model it cannot time
+            logger.warning("could not measure the step costs of %s (%s); using the default "
+                           "shape", model.name_or_path, error)
     logger.info("window='auto': the shape %s for %s from %s", shape, model.name_or_path, source)
     return {**shape, **{k: v for k, v in options.items() if k != "window"}}, source
 

@@ -30,6 +30,7 @@ import torch
 from lookahead import cache_files
 from lookahead.attention import attention_mask, decoding_attention, mask_to
 from lookahead.cache import cache_keyword, new_cache
+from lookahead.config import LookaheadConfig
 from lookahead.kernels.packing import packing_of
 from lookahead.profiles import (
     DEFAULT_TOKEN_COST,
@@ -265,6 +266,7 @@ def _read_curve(path: Path, setting: Mapping) -> dict | None:
         curve = cached["curve"]
         if step_costs_of(curve) is None or len(curve["seconds"]) != len(curve["tokens"]):
             raise ValueError("no curve from one token up")
+        LookaheadConfig(step_costs=step_costs_of(curve))  # finite, from 1, never falling
     except (OSError, ValueError, TypeError, KeyError, IndexError) as error:
         logger.warning("measuring again: the cached step costs %s cannot be read (%s)",
                        path, error)

@@ -75,7 +75,9 @@ def test_the_cache_is_kept_per_cpu_and_thread_count(model, tmp_path) -> None:
 
 def test_a_corrupt_cache_file_is_measured_again_with_a_warning(model, tmp_path, caplog) -> None:
     _, path = measured_curve(model, tmp_path, cpu="CPU A", threads=2)
-    for broken in ("{not json", json.dumps({"curve": {"tokens": [2, 4], "seconds": [1, 2]}})):
+    nan = {"curve": {"tokens": [1, 2], "seconds": [1.0, float("nan")]}}
+    for broken in ("{not json", json.dumps({"curve": {"tokens": [2, 4], "seconds": [1, 2]}}),
+                   json.dumps(nan)):
         path.write_text(broken)
         caplog.clear()
         with caplog.at_level(logging.WARNING, logger="lookahead.step_costs"), \
@@ -123,3 +125,18 @@ def test_a_short_context_measures_after_fewer_tokens() -> None:
     curve = measure_curve(short, repeats=1)
     assert curve["prompt_tokens"] == 24 - max(MEASURED_TOKENS) - 1
     assert curve["tokens"] == list(MEASURED_TOKENS) and len(curve["seconds"]) == 8
+
+
+def test_a_model_that_cannot_be_timed_gets_the_default_shape(tmp_path, caplog) -> None:
+    from lookahead.request import auto_shape
+
+    model = tiny_llama(64, eos=None).to(torch.float64)
+
+    def refuse(*_):
+        raise RuntimeError("no forward here")
+
+    model.register_forward_pre_hook(refuse)
+    with caplog.at_level(logging.WARNING, logger="lookahead.request"):
+        shape, source = auto_shape(model, {}, tmp_path)
+    assert source == "default" and shape == {"window": 2, "ngram": 5, "guess": 4}
+    assert "could not measure the step costs" in caplog.text

@@ -251,10 +251,10 @@ def measure_curve(model, tokens=MEASURED_TOKENS, prompt_tokens: int = MEASURED_P
 
 
 def _architecture(model) -> list:
-    """What tells two models of one name apart: vocabulary, width, depth."""
+    """What tells two models of one name apart: kind, vocabulary, width, depth."""
     config = model.config
-    return [getattr(config, name, None)
-            for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers")]
+    names = ("model_type", "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers")
+    return [getattr(config, name, None) for name in names]
 
 
 def _read_curve(path: Path, setting: Mapping) -> dict | None:

@@ -231,3 +231,31 @@ def test_greedy_output_is_unchanged_on_the_measured_costs_and_cap(tiny, tmp_path
     capped = lookahead.generate(model, ids, 30, "lookahead")
     assert max(capped.stats.forward_tokens_per_step[1:]) <= 3
     assert torch.equal(capped.sequences, expected[:, : capped.sequences.shape[1]])
+
+
+def test_bench_prices_an_untuned_lookahead_on_the_measured_costs(tiny, tmp_path) -> None:
+    """``lookahead bench`` without --shape runs lookahead as a call without a window does:
+    untuned, on this CPU's measured costs; a shape given or a tuned profile, as before."""
+    from lookahead.bench.runner import _priced
+    from lookahead.cli.bench import config_from_args
+    from lookahead.step_costs import measured_shape
+
+    def parse(*extra):
+        argv = ["bench", "--model", str(tiny["model"]), "--dtype", "float64", "--cache-dir",
+                str(tmp_path), "--methods", "lookahead", *extra]
+        return config_from_args(build_parser().parse_args(argv))
+
+    assert parse().options.measured_step_costs
+    assert not parse("--shape", "2x5x4").options.measured_step_costs
+    assert not parse("--window", "2").options.measured_step_costs
+    model, _ = lookahead.load_model(tiny["model"], dtype="float64")
+    priced = _priced(parse(), model)
+    shape, _ = measured_shape(model, tmp_path)
+    assert priced.options.lookahead.step_costs == shape["step_costs"]
+    assert priced.options.lookahead.token_cost == shape["token_cost"]
+    assert priced.options.lookahead_step_tokens == shape.get("max_step_tokens")
+    assert _priced(parse("--shape", "2x5x4"), model).options.lookahead.step_costs is None
+    path = profile_path(str(tiny["model"]), "float64", cache_dir=tmp_path)
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({"best": {"window": 3, "ngram": 4, "guess": 6}}))
+    assert not parse().options.measured_step_costs

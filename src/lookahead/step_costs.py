@@ -225,8 +225,15 @@ def measured_curve(model, cache_dir=None, cpu: str | None = None, threads: int |
     logger.warning("measuring this CPU's step costs once (a few seconds); cached in %s", path)
     started = time.perf_counter()
     curve = measure_curve(model)
-    logger.info("measured the step costs in %.1f s: %s", time.perf_counter() - started,
-                step_costs_of(curve))
+    took = time.perf_counter() - started
+    logger.info("measured the step costs in %.1f s: %s", took, step_costs_of(curve))
+    if took > 4 * MEASURE_BUDGET:
+        # Seen with Qwen2.5-Coder-1.5B while another process was building the kernels: 2 s a
+        # pass whatever its size, 36 s in all, against 2.2 s a minute later. Kept, that curve
+        # would price every later call; this call uses it, the next measures again.
+        logger.warning("the step costs took %.0f s to measure: the machine was busy; not "
+                       "cached, measured again next time", took)
+        return curve, path
     _write_curve(path, setting | dict(torch=torch.__version__, curve=curve))
     return curve, path
 

@@ -23,10 +23,11 @@ from lookahead.config import (
 from lookahead.decode import Decoder
 from lookahead.kernels.packing import packing_of
 from lookahead.prefix_cache import CachedPrefix
-from lookahead.profiles import find_shape
+from lookahead.profiles import DEFAULT_SOURCE, find_shape
 from lookahead.proposers.base import NoProposer, Proposer, ProposerInputs, vocab_size
 from lookahead.sources.datastore import Datastore
 from lookahead.sources.memory import TextMemory
+from lookahead.step_costs import measured_shape
 
 logger = logging.getLogger(__name__)
 
@@ -103,22 +104,25 @@ def make_proposer(method: str, options: dict, inputs: ProposerInputs) -> Propose
     return factory(config, inputs)
 
 
-def resolve_auto_shape(model, options: dict) -> dict:
+def resolve_auto_shape(model, options: dict, cache_dir=None) -> dict:
     """``auto_shape``'s options alone."""
-    return auto_shape(model, options)[0]
+    return auto_shape(model, options, cache_dir)[0]
 
 
-def auto_shape(model, options: dict) -> tuple[dict, str]:
+def auto_shape(model, options: dict, cache_dir=None) -> tuple[dict, str]:
     """Lookahead ``options`` with no ``window``, or ``window="auto"``, given this machine's
     tuned shape, and where the shape came from.
 
     The shape comes from the profile ``lookahead tune`` saved for the model (by its
     ``name_or_path``: a bundled name, a folder or a hub id), dtype and device -- the profile of
-    ``options["workload"]`` if that is given and saved -- else the default shape; ``ngram``,
-    ``guess`` and ``max_step_tokens`` given beside it are kept (a profile's shape can bring a
-    step cap of its own, which one given here replaces). An explicit int ``window`` keeps the
-    shape as given. The source is the profile's path, ``profiles.DEFAULT_SOURCE`` ("default")
-    or ``GIVEN_SOURCE`` ("given", the caller's window).
+    ``options["workload"]`` if that is given and saved -- else, on the CPU, the default shape
+    priced on this CPU's step costs, measured once and cached (``step_costs.measured_shape``),
+    else (on a GPU) the default shape; ``ngram``, ``guess`` and ``max_step_tokens`` given
+    beside it are kept (a profile's or measured shape can bring a step cap of its own, which
+    one given here replaces). An explicit int ``window`` keeps the shape as given, and
+    measures nothing. The source is the profile's path, "measured: <the cached curve's path>",
+    ``profiles.DEFAULT_SOURCE`` ("default") or ``GIVEN_SOURCE`` ("given", the caller's
+    window). ``cache_dir``: the cache holding profiles and curves (None: the user's).
     """
     options = dict(options)
     workload = options.pop("workload", None)
@@ -129,8 +133,17 @@ def auto_shape(model, options: dict) -> tuple[dict, str]:
             raise ValueError(f"workload={workload!r} chooses a tuned shape: it needs "
                              f"window='auto', not window={options.get('window')!r}")
         return options, GIVEN_SOURCE
-    shape, source = find_shape(model.name_or_path, model.dtype, device=model.device.type,
+    device = model.device.type
+    shape, source = find_shape(model.name_or_path, model.dtype, cache_dir, device=device,
                                workload=workload, packed=packing_of(model))
+    # On a CPU the step costs take seconds to measure and decide how far a step pays; a GPU
+    # step's tokens come nearly free, and its default shape runs the window at every step.
+    if source == DEFAULT_SOURCE and device == "cpu":
+        try:
+            shape, source = measured_shape(model, cache_dir)
+        except (RuntimeError, ValueError, TypeError) as error:  # a model it cannot time
+            logger.warning("could not measure the step costs of %s (%s); using the default "
+                           "shape", model.name_or_path, error)
     logger.info("window='auto': the shape %s for %s from %s", shape, model.name_or_path, source)
     return {**shape, **{k: v for k, v in options.items() if k != "window"}}, source
 

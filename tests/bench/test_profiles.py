@@ -20,6 +20,7 @@ from lookahead.profiles import (
     resolve_shape,
     step_costs_of,
 )
+from tiny import tiny_llama
 
 
 def test_a_broken_profile_falls_back_to_the_default(tmp_path: Path) -> None:
@@ -75,7 +76,8 @@ def test_the_stats_name_the_profile_that_chose_the_shape(tiny, tmp_path, monkeyp
     def source(method="lookahead", **options):
         return lookahead.generate(model, ids, 3, method, **options).stats.shape_source
 
-    assert source() == "default"
+    measured = source()  # no profile: the default shape priced on this CPU's measured costs
+    assert measured.startswith("measured: ") and Path(measured.split(": ", 1)[1]).is_file()
     assert source(window=2) == "given"
     assert source("prompt_lookup") is None
     path = profile_path(model.name_or_path, "float64")
@@ -161,3 +163,99 @@ def test_a_tuned_shape_brings_the_step_costs_of_its_curve(tmp_path: Path) -> Non
 def test_step_costs_must_start_at_one_and_never_fall(costs) -> None:
     with pytest.raises(ValueError, match="step_costs must be a non-empty list of numbers"):
         LookaheadConfig(step_costs=costs)
+
+
+def _cache_in(tmp_path: Path, monkeypatch) -> Path:
+    """Point the user cache at ``tmp_path`` (the default cache folder is under the home or
+    XDG folder); the cache root."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / ".cache"))
+    from lookahead.models.registry import default_cache_dir
+
+    return default_cache_dir()
+
+
+def _passes(model) -> list[int]:
+    """A counter of ``model``'s forward passes from now on (a forward pre-hook; ``model`` is
+    the test's own)."""
+    counter = [0]
+    model.register_forward_pre_hook(lambda *_: counter.__setitem__(0, counter[0] + 1))
+    return counter
+
+
+def test_a_tuned_profile_wins_over_the_measured_costs(tmp_path) -> None:
+    from lookahead.request import auto_shape
+
+    model = tiny_llama(64, eos=None).to(torch.float64)
+    shape, source = auto_shape(model, {}, tmp_path)  # no profile: measured here, once
+    assert source.startswith("measured: ") and "step_costs" in shape
+    path = profile_path(model.name_or_path, model.dtype, cache_dir=tmp_path)
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({"best": {"window": 3, "ngram": 4, "guess": 6}}))
+    passes = _passes(model)
+    shape, source = auto_shape(model, {}, tmp_path)
+    assert source == str(path) and shape == {"window": 3, "ngram": 4, "guess": 6}
+    assert passes[0] == 0
+
+
+def test_a_given_window_measures_nothing(tmp_path) -> None:
+    from lookahead.request import auto_shape
+
+    model = tiny_llama(64, eos=None).to(torch.float64)
+    passes = _passes(model)
+    options, source = auto_shape(model, {"window": 2, "guess": 3}, tmp_path)
+    assert (options, source) == ({"window": 2, "guess": 3}, "given")
+    assert passes[0] == 0 and not (tmp_path / "step_costs").exists()
+
+
+def test_greedy_output_is_unchanged_on_the_measured_costs_and_cap(tiny, tmp_path,
+                                                                   monkeypatch) -> None:
+    """A cached curve that rises steeply past 3 tokens caps the steps at 3; the text is
+    ``model.generate``'s, as on the curve measured here."""
+    cache = _cache_in(tmp_path, monkeypatch)
+    model, _ = lookahead.load_model(tiny["model"], dtype="float64")
+    ids = torch.tensor([[5, 6, 7, 5, 6, 7, 5, 6]])
+    expected = model.generate(ids, max_new_tokens=30, do_sample=False,
+                              attention_mask=torch.ones_like(ids))
+    measured = lookahead.generate(model, ids, 30, "lookahead")
+    source = measured.stats.shape_source
+    assert source.startswith(f"measured: {cache / 'step_costs'}")
+    assert torch.equal(measured.sequences, expected[:, : measured.sequences.shape[1]])
+    curve_file = Path(source.split(": ", 1)[1])
+    record = json.loads(curve_file.read_text())
+    record["curve"]["seconds"] = [1.0, 1.1, 1.2, 3.5, 5.5, 7.5, 11.5, 15.5]  # 1-16 tokens
+    curve_file.write_text(json.dumps(record))
+    assert make_decoder(model, ids, 30, "lookahead").step_tokens == 3
+    config = make_decoder(model, ids, 30, "lookahead").proposer.config
+    assert config.step_costs == step_costs_of(record["curve"])
+    capped = lookahead.generate(model, ids, 30, "lookahead")
+    assert max(capped.stats.forward_tokens_per_step[1:]) <= 3
+    assert torch.equal(capped.sequences, expected[:, : capped.sequences.shape[1]])
+
+
+def test_bench_prices_an_untuned_lookahead_on_the_measured_costs(tiny, tmp_path) -> None:
+    """``lookahead bench`` without --shape runs lookahead as a call without a window does:
+    untuned, on this CPU's measured costs; a shape given or a tuned profile, as before."""
+    from lookahead.bench.runner import _priced
+    from lookahead.cli.bench import config_from_args
+    from lookahead.step_costs import measured_shape
+
+    def parse(*extra):
+        argv = ["bench", "--model", str(tiny["model"]), "--dtype", "float64", "--cache-dir",
+                str(tmp_path), "--methods", "lookahead", *extra]
+        return config_from_args(build_parser().parse_args(argv))
+
+    assert parse().options.measured_step_costs
+    assert not parse("--shape", "2x5x4").options.measured_step_costs
+    assert not parse("--window", "2").options.measured_step_costs
+    model, _ = lookahead.load_model(tiny["model"], dtype="float64")
+    priced = _priced(parse(), model)
+    shape, _ = measured_shape(model, tmp_path)
+    assert priced.options.lookahead.step_costs == shape["step_costs"]
+    assert priced.options.lookahead.token_cost == shape["token_cost"]
+    assert priced.options.lookahead_step_tokens == shape.get("max_step_tokens")
+    assert _priced(parse("--shape", "2x5x4"), model).options.lookahead.step_costs is None
+    path = profile_path(str(tiny["model"]), "float64", cache_dir=tmp_path)
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({"best": {"window": 3, "ngram": 4, "guess": 6}}))
+    assert not parse().options.measured_step_costs

@@ -2,7 +2,8 @@
 the decoding speed it predicts for a measured run.
 
 ``forward_cost_curve`` times passes of ``k`` tokens on top of a cached prompt (seconds, a
-median per k); ``cost_at`` reads it between the measured sizes; ``predict`` turns a run's
+median per k; ``lookahead.step_costs``, where a call without a tuned profile measures its
+own); ``cost_at`` reads it between the measured sizes; ``predict`` turns a run's
 per-step forward tokens into a predicted tokens/second. ``lookahead tune`` (``bench.tune``)
 measures the curve and ranks shapes by it (``bench.shape_search``).
 """
@@ -11,85 +12,25 @@ from __future__ import annotations
 
 import logging
 import statistics
-import time
 from collections.abc import Mapping
 
 import numpy as np
-import torch
 
-from lookahead.attention import attention_mask, decoding_attention, mask_to
-from lookahead.cache import cache_keyword, new_cache
-from lookahead.profiles import DEFAULT_TOKEN_COST, cost_at
+from lookahead.profiles import cost_at
+
+# The measurement itself is the library's, which also measures a curve at first use.
+from lookahead.step_costs import (  # noqa: F401 (the tuner's and scripts' names for them)
+    causal_step,
+    forward_cost_curve,
+    monotone,
+    synchronize,
+    token_cost_of,
+)
 
 logger = logging.getLogger(__name__)
 
 
 DEFAULT_TOKENS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96)
-
-
-@torch.inference_mode()
-def forward_cost_curve(model, input_ids: torch.Tensor, tokens, repeats: int = 5) -> dict:
-    """Median seconds of one forward pass with k new tokens after the cached ``input_ids``.
-
-    The k tokens attend causally through an explicit 4D mask, as a lookahead step's do (k = 1
-    goes without a mask, as a plain decoding step does); every row's logits are computed. The
-    sizes are interleaved within each repeat so that a slow spell hits all of them alike.
-
-    Returns ``dict(tokens=[k...], seconds=[median...], prompt_tokens=L)``.
-    """
-    device = model.device
-    with decoding_attention(device):  # as our decoding has it, and its cache
-        return _cost_curve(model, input_ids.to(device), tokens, repeats, new_cache())
-
-
-def _cost_curve(model, input_ids: torch.Tensor, tokens, repeats: int, cache) -> dict:
-    """``forward_cost_curve`` with ``input_ids`` [1, L] on the model's device, into ``cache``."""
-    keyword, device = cache_keyword(model), model.device
-    model(input_ids=input_ids, **{keyword: cache}, use_cache=True, logits_to_keep=1)
-    past = cache.get_seq_length()
-    prompt = input_ids[0]
-    timings: dict[int, list[float]] = {k: [] for k in tokens}
-    for repeat in range(repeats + 1):  # the first round warms up
-        for k in tokens:
-            ids = prompt[torch.arange(k, device=device) % len(prompt)].unsqueeze(0)
-            positions, mask = causal_step(model, past, k)
-            synchronize(device)
-            start = time.perf_counter()
-            model(
-                input_ids=ids,
-                position_ids=positions,
-                attention_mask=mask,
-                **{keyword: cache},
-                use_cache=True,
-            )
-            synchronize(device)  # a GPU returns before it has run the pass
-            elapsed = time.perf_counter() - start
-            cache.crop(-k)  # transformers 5 crops by a negative count only
-            if repeat:
-                timings[k].append(elapsed)
-    return dict(
-        tokens=list(tokens),
-        seconds=monotone([statistics.median(timings[k]) for k in tokens]),
-        prompt_tokens=past,
-    )
-
-
-def causal_step(model, past: int, k: int) -> tuple[torch.Tensor, torch.Tensor | dict | None]:
-    """Position ids [1, k] and the 4D mask of ``k`` new tokens that attend causally after
-    ``past`` cached ones, on the model's device (no mask for k = 1, as a plain step has)."""
-    positions = torch.arange(past, past + k).unsqueeze(0)
-    mask = None
-    if k > 1:
-        visible = torch.tril(torch.ones(k, k, dtype=torch.bool))
-        mask = attention_mask(model.config, visible, past, positions, model.dtype)
-        mask = mask_to(mask, model.device)
-    return positions.to(model.device), mask
-
-
-def synchronize(device: torch.device) -> None:
-    """Wait for the work queued on ``device`` (a no-op on the CPU, which runs it in the call)."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def fastest_curve(curves: list[dict]) -> dict:
@@ -98,31 +39,6 @@ def fastest_curve(curves: list[dict]) -> dict:
     the machine's own."""
     seconds = [min(values) for values in zip(*(curve["seconds"] for curve in curves))]
     return curves[0] | dict(seconds=monotone(seconds))
-
-
-def monotone(values: list[float]) -> list[float]:
-    """The closest non-decreasing sequence in least squares (isotonic regression, by pooling
-    adjacent violators): a forward pass of more tokens never costs less, so where a median dips
-    below a smaller size's, both are noise around their common mean."""
-    blocks: list[list[float]] = []  # [mean, count] of pooled runs
-    for value in values:
-        blocks.append([value, 1])
-        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
-            (mean_b, count_b), (mean_a, count_a) = blocks.pop(), blocks.pop()
-            count = count_a + count_b
-            blocks.append([(mean_a * count_a + mean_b * count_b) / count, count])
-    return [mean for mean, count in blocks for _ in range(count)]
-
-
-def token_cost_of(curve: Mapping, up_to: int = 32) -> float:
-    """What one more token costs as a fraction of a one-token pass (``LookaheadConfig.
-    token_cost``): the least-squares slope of the curve over sizes up to ``up_to`` (where a
-    lookahead step's live), over the cost of one token; in [0, 1]."""
-    points = [(k, s) for k, s in zip(curve["tokens"], curve["seconds"]) if k <= up_to]
-    if len(points) < 2:
-        return DEFAULT_TOKEN_COST
-    slope = float(np.polyfit(*zip(*points), deg=1)[0])
-    return min(max(slope / cost_at(curve, 1), 0.0), 1.0)
 
 
 def forward_seconds(curve: Mapping, sizes) -> float:

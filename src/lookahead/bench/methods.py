@@ -96,6 +96,9 @@ class MethodOptions:
     max_step_tokens: the most tokens a step of ours feeds the model; None: no cap.
     lookahead_step_tokens: the same for lookahead alone where ``max_step_tokens`` is None
         (the cap a tuned profile chose with its shape).
+    measured_step_costs: no tuned profile chose lookahead's shape: on a CPU, price it on this
+        CPU's step costs, measured once (``lookahead.step_costs``), as a call without a
+        window is priced.
     llamacpp_bin: the llama.cpp binary (or its folder) of ``llamacpp`` (None: the bindings)
         and of the ``llama-server`` methods (None: the one on ``PATH``).
     """
@@ -108,6 +111,7 @@ class MethodOptions:
     datastore: str | None = None
     max_step_tokens: int | None = None
     lookahead_step_tokens: int | None = None
+    measured_step_costs: bool = False
     llamacpp_bin: str | None = None
 
     @property

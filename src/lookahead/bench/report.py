@@ -153,11 +153,12 @@ def _steps(stats: dict) -> Iterable[tuple[int, int]]:
 
 def _cap_note(options: dict) -> str:
     """", at most T tokens a step" (every method of ours), or ", lookahead at most T ..." (the
-    tuned profile's cap), or nothing."""
+    tuned profile's cap, or the one read off the measured step costs), or nothing."""
     if cap := options.get("max_step_tokens"):
         return f", at most {cap} tokens a step"
     if cap := options.get("lookahead_step_tokens"):
-        return f", lookahead at most {cap} tokens a step (tuned)"
+        origin = "measured" if options.get("measured_step_costs") else "tuned"
+        return f", lookahead at most {cap} tokens a step ({origin})"
     return ""
 
 

@@ -20,7 +20,7 @@ import logging
 import platform
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -48,6 +48,7 @@ from lookahead.models.load import load_model
 from lookahead.models.load import is_gguf_source
 from lookahead.kernels.choice import Kernel, as_kernel
 from lookahead.models.registry import AUTO_DTYPE, DEFAULT_MODEL, dtype_name, resolve_dtype
+from lookahead.step_costs import measured_shape
 
 logger = logging.getLogger(__name__)
 
@@ -181,6 +182,7 @@ def run_benchmark(config: BenchConfig, progress: Progress | None = None) -> dict
     prompts = {_label(name): load_prompts(name, config.limit) for name in config.datasets}
     loaded = _load(config)
     try:
+        config = _priced(config, loaded.models[config.setting])
         return _run_all(config, loaded, prompts, progress)
     finally:  # never leaves a llama-server running
         llamacpp_server.close_engines(loaded.engines)
@@ -219,6 +221,22 @@ def _run_all(config: BenchConfig, loaded: _Loaded, prompts: dict,
                 records.append(_record(dataset, prompt_id, method, dtype, input_ids, result))
                 tick(f"{dataset} {prompt_id} {method} ({dtype})")
     return summarise(_describe(config), records)
+
+
+def _priced(config: BenchConfig, model) -> BenchConfig:
+    """``config`` with lookahead priced on this CPU's measured step costs (its token cost and
+    step costs, and its step cap where none is set) where no tuned profile chose its shape
+    (``MethodOptions.measured_step_costs``), as a call without a window is."""
+    options = config.options
+    if (not options.measured_step_costs or "lookahead" not in config.run_methods
+            or model.device.type != "cpu"):
+        return config
+    shape, source = measured_shape(model, config.cache_dir)
+    logger.info("lookahead priced on the step costs %s", source)
+    priced = replace(options.lookahead, token_cost=shape["token_cost"],
+                     step_costs=shape["step_costs"])
+    cap = options.lookahead_step_tokens or shape.get("max_step_tokens")
+    return replace(config, options=replace(options, lookahead=priced, lookahead_step_tokens=cap))
 
 
 def _run(config, loaded: _Loaded, method, dtype, input_ids, max_new_tokens, memory=None):

@@ -28,7 +28,7 @@ from lookahead.cli.bench_args import (
 from lookahead.bench.methods import MethodOptions, all_methods
 from lookahead.bench.report import markdown_table, write_results
 from lookahead.bench.runner import BenchConfig, run_benchmark
-from lookahead.profiles import shape_label, split_cap
+from lookahead.profiles import DEFAULT_SOURCE, shape_label, split_cap
 from lookahead.cli.loading import check_packing_dtype
 from lookahead.cli.options import add_config_flags, add_datastore_arg, add_max_step_tokens
 from lookahead.config import DraftConfig, LookaheadConfig, PromptLookupConfig
@@ -110,7 +110,8 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
     if args.datastore:
         check_spec(args.datastore)  # before the models load
     # A tuned profile may cap lookahead's steps; --max-step-tokens caps all of ours instead.
-    shape, tuned_cap = split_cap(shape_from_args(args))
+    shape, source = shape_from_args(args)
+    shape, tuned_cap = split_cap(shape)
     options = MethodOptions(
         lookahead=LookaheadConfig(**shape),
         prompt_lookup=PromptLookupConfig(num_draft_tokens=args.prompt_lookup_tokens),
@@ -120,6 +121,7 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
         datastore=args.datastore,
         max_step_tokens=args.max_step_tokens,
         lookahead_step_tokens=tuned_cap,
+        measured_step_costs=source == DEFAULT_SOURCE,  # untuned: this CPU's costs, measured
         llamacpp_bin=args.llamacpp_bin,
     )
     return BenchConfig(

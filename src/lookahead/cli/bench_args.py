@@ -122,33 +122,34 @@ def add_shape_arguments(parser: argparse.ArgumentParser) -> None:
                         "saved (e.g. code), else the general tuned one")
 
 
-def shape_from_args(args: argparse.Namespace) -> dict[str, int]:
+def shape_from_args(args: argparse.Namespace) -> tuple[dict[str, int], str]:
     """The lookahead shape asked for: --shape (auto, the default: the saved profile), then
-    --window etc. and --lookup-tokens.
+    --window etc. and --lookup-tokens; and where it came from.
 
     Returns ``dict(window=, ngram=, guess=)`` (and ``lookup_tokens`` when the saved profile or
-    --lookup-tokens gives one); validated later by ``LookaheadConfig``.
+    --lookup-tokens gives one), validated later by ``LookaheadConfig``, and the profile's path,
+    "default" (no profile saved) or "given" (--shape WxNxG or --window).
     """
-    from lookahead.profiles import resolve_shape
+    from lookahead.profiles import find_shape
 
     if args.shape in (None, "auto"):
         dtype, packed = args.dtype, resolve_kernel(resolve_dtype(args.dtype), args.packed_weights)
         if not getattr(args, "dequantize", False) and loads_quantized(
                 args.model, args.dtype, args.packed_weights, getattr(args, "device", None)):
             dtype, packed = "float32", Kernel.QUANTIZED  # the profile `tune` saves for it
-        shape = resolve_shape(args.model, dtype, cache_dir=args.cache_dir,
-                              workload=args.workload, packed=packed)
+        shape, source = find_shape(args.model, dtype, cache_dir=args.cache_dir,
+                                   workload=args.workload, packed=packed)
     elif args.workload is not None:
         raise ValueError(
             "--workload chooses a tuned shape; it cannot go with --shape "
             + "x".join(map(str, args.shape))
         )
     else:
-        shape = dict(zip(("window", "ngram", "guess"), args.shape, strict=True))
+        shape, source = dict(zip(("window", "ngram", "guess"), args.shape, strict=True)), "given"
     for name in ("window", "ngram", "guess", "lookup_tokens"):
         if getattr(args, name, None) is not None:
             shape[name] = getattr(args, name)
-    return shape
+    return shape, "given" if getattr(args, "window", None) is not None else source
 
 
 def apply_threads(threads: int | None) -> None:

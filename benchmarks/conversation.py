@@ -68,7 +68,9 @@ def run_chats(args) -> dict:
     chats = [questions[c * args.turns:(c + 1) * args.turns] for c in range(args.chats)]
     histories: list[list[dict]] = [[] for _ in chats]
     turns, start = [], time.perf_counter()
-    with httpx.Client() as client:
+    # A new connection per request: llama-server may close a streamed one that the client
+    # would otherwise reuse ("server disconnected").
+    with httpx.Client(limits=httpx.Limits(max_keepalive_connections=0)) as client:
         for turn in range(args.turns):
             for number, (chat, history) in enumerate(zip(chats, histories)):
                 history.append({"role": "user", "content": chat[turn]})
@@ -92,7 +94,8 @@ def run_chats(args) -> dict:
 def run_shared(args) -> dict:
     questions = [p.text for p in load_prompts("mtbench", limit=80)][40:]
     levels = []
-    with httpx.Client(limits=httpx.Limits(max_connections=64)) as client:
+    with httpx.Client(limits=httpx.Limits(max_connections=64,
+                                          max_keepalive_connections=0)) as client:
         for clients in args.clients:
             def one(index: int) -> dict:
                 messages = [{"role": "system", "content": SYSTEM},

@@ -51,21 +51,6 @@ class ServerThread:
         self.thread.join(10)
 
 
-@pytest.fixture(scope="module")
-def served():
-    model, tokenizer = server_llama(), server_tokenizer()
-    engine = Engine(model, tokenizer, EngineConfig(step_token_budget=64)).start()
-    settings = ServerSettings(MODEL, "lookahead", {"window": 4, "ngram": 3})
-    with ServerThread(create_app(engine, settings)) as server:
-        yield server, engine, model, tokenizer
-    engine.stop()
-
-
-@pytest.fixture(scope="module")
-def client(served):
-    return openai.OpenAI(base_url=served[0].url + "/v1", api_key="none", max_retries=0)
-
-
 def expected(model, tokenizer, ids, max_tokens, method="lookahead", **options):
     """Text and token count of ``lookahead.generate`` alone, as the server would write them."""
     if method == "lookahead" and not options:

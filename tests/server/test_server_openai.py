@@ -19,21 +19,6 @@ MODEL = "tiny-llama"
 ORIGIN = "https://app.example"
 
 
-@pytest.fixture(scope="module")
-def served():
-    model, tokenizer = server_llama(), server_tokenizer()
-    engine = Engine(model, tokenizer, EngineConfig(step_token_budget=64)).start()
-    settings = ServerSettings(MODEL, "lookahead", {"window": 4, "ngram": 3})
-    with ServerThread(create_app(engine, settings)) as server:
-        yield server, engine, model
-    engine.stop()
-
-
-@pytest.fixture(scope="module")
-def client(served):
-    return openai.OpenAI(base_url=served[0].url + "/v1", api_key="none", max_retries=0)
-
-
 GOOD = {"model": MODEL, "prompt": [5, 6, 7], "max_tokens": 3, "temperature": 0}
 
 

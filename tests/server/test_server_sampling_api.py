@@ -7,33 +7,14 @@ from __future__ import annotations
 
 import math
 
-import openai
 import pytest
 import torch
-from test_server import ServerThread
-from tiny import prompt_ids, server_llama, server_tokenizer, wait_idle
+from tiny import prompt_ids, server_tokenizer, wait_idle
 
 from lookahead.detokenize import Detokenizer
 from lookahead.models.load import chat_prompt
-from lookahead.server.app import ServerSettings, create_app
-from lookahead.server.engine import Engine, EngineConfig
 
 MODEL = "tiny-llama"
-
-
-@pytest.fixture(scope="module")
-def served():
-    model, tokenizer = server_llama(), server_tokenizer()
-    engine = Engine(model, tokenizer, EngineConfig(step_token_budget=64)).start()
-    settings = ServerSettings(MODEL, "lookahead", {"window": 4, "ngram": 3})
-    with ServerThread(create_app(engine, settings)) as server:
-        yield server, engine, model, tokenizer
-    engine.stop()
-
-
-@pytest.fixture(scope="module")
-def client(served):
-    return openai.OpenAI(base_url=served[0].url + "/v1", api_key="none", max_retries=0)
 
 
 def log_softmax_after(model, prompt: list[int], tokens: list[int]) -> torch.Tensor:

@@ -115,7 +115,7 @@ def add_shape_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"{WINDOW_HELP.removeprefix('lookahead: window size, or ')}; or "
         "WINDOWxNGRAMxGUESS, e.g. 7x5x7",
     )
-    add_config_flags(parser, names=("window", "ngram", "guess", "lookup_tokens"),
+    add_config_flags(parser, names=("window", "ngram", "guess", "lookup_tokens", "recycle"),
                      methods=("lookahead",))
     parser.add_argument("--workload", type=workload_arg, metavar="NAME",
                         help="with --shape auto: the shape `lookahead tune --workload NAME` "
@@ -146,7 +146,7 @@ def shape_from_args(args: argparse.Namespace) -> tuple[dict[str, int], str]:
         )
     else:
         shape, source = dict(zip(("window", "ngram", "guess"), args.shape, strict=True)), "given"
-    for name in ("window", "ngram", "guess", "lookup_tokens"):
+    for name in ("window", "ngram", "guess", "lookup_tokens", "recycle"):
         if getattr(args, name, None) is not None:
             shape[name] = getattr(args, name)
     return shape, "given" if getattr(args, "window", None) is not None else source

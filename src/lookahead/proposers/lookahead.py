@@ -31,8 +31,13 @@ from lookahead.sources.datastore import Datastore
 from lookahead.sources.memory import TextMemory
 from lookahead.proposers.base import Proposal, ProposerInputs, StepOutcome
 from lookahead.proposers.prompt_lookup import CopyLength, find_continuation, longest_match
+from lookahead.proposers.recycling import SuccessorTable
 from lookahead.proposers.step_clock import StepClock
 from lookahead.verify import argmax
+
+
+# How many successors the recycled tree takes at depths 1, 2, 3 (then the top one only).
+RECYCLE_BRANCHES = (4, 2, 2)
 
 
 class NGramPool:
@@ -272,6 +277,7 @@ class LookaheadProposer:
         self.gauge = self._new_gauge()
         self.depths = self._new_depths()
         self._visibility: dict[int, torch.Tensor] = {}
+        self.successors = SuccessorTable(config.recycle) if config.recycle else None
 
     @classmethod
     def build(cls, config: LookaheadConfig, inputs: ProposerInputs) -> LookaheadProposer:
@@ -285,6 +291,8 @@ class LookaheadProposer:
             self.pool.add_all(prompt)
         self._pooled = len(prompt)
         self.copy_length.reset()
+        if self.config.recycle:
+            self.successors = SuccessorTable(self.config.recycle)
         self.gauge = self._new_gauge()
         self.depths = self._new_depths()
         # The first level is seeded with prompt tokens; the rest fill in over N - 2 steps.
@@ -311,6 +319,9 @@ class LookaheadProposer:
         copied, source = self._copy(context, min(self.copy_length.value, max_tokens))
         if copied:
             proposed.insert(0, (copied, source))
+        if self.successors is not None:
+            depth = min(self.config.recycle_depth, max_tokens)
+            proposed += self.successors.chains(context[-1], depth, RECYCLE_BRANCHES)
         self._proposed = proposed
         fed = self._cut(proposed)
         self._copied = fed[0] if copied else []
@@ -364,7 +375,11 @@ class LookaheadProposer:
         return (last_token_only, "text1") if last_token_only else ([], "")
 
     def update(self, context: list[int], outcome: StepOutcome) -> None:
+        if self.successors is not None and outcome.tree_scores is not None:
+            self.successors.record(outcome.tree_tokens, outcome.tree_scores)
         if outcome.branch_logits is not None:  # None when a busy server left the window out
+            if self.successors is not None:
+                self.successors.record(self.levels[-1], outcome.branch_logits)
             self._slide(argmax(outcome.branch_logits).tolist())
         if self.config.output_pool:
             self.pool.add_all(context, start=self._pooled - self.config.ngram + 1)

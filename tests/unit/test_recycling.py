@@ -1,0 +1,72 @@
+"""Token Recycling: the successor table and the candidates the lookahead proposer reads off it."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from lookahead.config import LookaheadConfig
+from lookahead.proposers.base import StepOutcome
+from lookahead.proposers.lookahead import LookaheadProposer
+from lookahead.proposers.recycling import SuccessorTable
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def scores_ranking(vocab: int, *rankings: list[int]) -> torch.Tensor:
+    """Scores [len(rankings), vocab] whose rows rank the given tokens first, in order."""
+    scores = torch.zeros(len(rankings), vocab)
+    for row, ranking in enumerate(rankings):
+        for rank, token in enumerate(ranking):
+            scores[row, token] = 10.0 - rank
+    return scores
+
+
+def test_table_keeps_the_top_k_of_each_row_and_the_latest_row_wins():
+    table = SuccessorTable(k=3)
+    table.record([5, 6], scores_ranking(20, [7, 8, 9, 10], [1, 2, 3]))
+    assert table.successors(5) == [7, 8, 9]
+    assert table.successors(6) == [1, 2, 3]
+    assert table.successors(4) == []
+    table.record([5], scores_ranking(20, [11, 12, 13]))
+    assert table.successors(5) == [11, 12, 13] and len(table) == 2
+
+
+def test_chains_follow_the_top_successor_then_branch_once():
+    table = SuccessorTable(k=4)
+    # 1 -> 2 -> 3 -> 4, with alternatives 9 after 1 and 8 after 2
+    table.record([1, 2, 3, 9, 8], scores_ranking(20, [2, 9, 7], [3, 8], [4], [5], [6]))
+    chains = table.chains(1, depth=3, branches=(3, 2))
+    assert chains == [
+        ([2, 3, 4], "recycled"),
+        ([9, 5], "recycled@1.1"),  # 9's top successor is 5; 5 has none
+        ([7], "recycled@1.2"),
+        ([2, 8, 6], "recycled@2.1"),
+    ]
+    assert table.chains(1, depth=1, branches=(1,)) == [([2], "recycled")]
+    assert table.chains(13, depth=3, branches=(3, 2)) == []
+
+
+def test_table_rejects_a_bad_k():
+    with pytest.raises(ValueError, match="k must be a positive int"):
+        SuccessorTable(k=0)
+
+
+def test_lookahead_proposes_what_the_model_predicted_after_x0_last_time():
+    """A step's tree rows fill the table; the next time x0 comes up, its recorded top chain is
+    a candidate (with no copy or n-gram that could offer it)."""
+    config = LookaheadConfig(window=1, ngram=2, guess=1, lookup_ngram=0, prompt_pool=False,
+                             output_pool=False, trim_candidates=False, recycle=2,
+                             recycle_depth=2)
+    proposer = LookaheadProposer(config)
+    proposer.start([1, 2, 3])
+    proposer.propose([1, 2, 3], max_tokens=4)
+    tree_tokens = [3, 40, 41]
+    scores = scores_ranking(64, [50, 51], [52], [53])
+    proposer.update([1, 2, 3, 50], StepOutcome(committed=[50], accepted=0,
+                                              tree_tokens=tree_tokens, tree_scores=scores))
+    assert proposer.successors.successors(40)[0] == 52
+    candidates = proposer.propose([1, 2, 3, 50, 9, 3], max_tokens=4).candidates
+    assert any(c[:1] == [50] for c in candidates)
+    off = LookaheadProposer(LookaheadConfig(recycle=0))
+    assert off.successors is None

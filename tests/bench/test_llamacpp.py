@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 from gguf import GGMLQuantizationType
+from hub_cache import add_repo, use_hub_cache
 from tiny_gguf import write_tiny_gguf
 from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
 from transformers.convert_slow_tokenizer import bytes_to_unicode
@@ -21,6 +22,7 @@ from lookahead.bench import llamacpp
 from lookahead.bench.runner import BenchConfig
 from lookahead.cli.bench import config_from_args
 from lookahead.cli.main import build_parser
+from lookahead.models.registry import ModelNotAvailableError
 
 FIXTURES = Path(__file__).parent.parent / "fixtures"
 BYTES = {char: byte for byte, char in bytes_to_unicode().items()}  # byte-level BPE spelling
@@ -99,6 +101,48 @@ def test_gguf_of_refuses_a_model_that_is_no_gguf(tmp_path) -> None:
     path = tmp_path / "m.gguf"
     path.write_bytes(b"GGUF")
     assert llamacpp.gguf_of(str(path), None) == path
+
+
+@pytest.fixture()
+def hub_repo(tmp_path, monkeypatch) -> Path:
+    """``owner/repo-GGUF`` in a hub cache laid out here (huggingface_hub offline): three
+    quantizations, and ``owner/checkpoint``, a transformers checkpoint. Returns the GGUF
+    repository's snapshot folder."""
+    cache = use_hub_cache(monkeypatch, tmp_path / "hub")
+    add_repo(cache, "owner/checkpoint", {"config.json": b"{}", "model.safetensors": b"weights"})
+    files = {name: b"GGUF " + name.encode()  # the lookup reads no file: distinct bytes do
+             for name in ("model-Q4_K_M.gguf", "model-Q5_K_M.gguf", "sub/model-Q8_0.gguf")}
+    return add_repo(cache, "owner/repo-GGUF", files)
+
+
+@pytest.mark.parametrize(("name", "file"), [
+    ("owner/repo-GGUF", "model-Q4_K_M.gguf"),  # a bare repository id: its Q4_K_M file
+    ("owner/repo-GGUF:q5_k_m", "model-Q5_K_M.gguf"),
+    ("owner/repo-GGUF/sub/model-Q8_0.gguf", "sub/model-Q8_0.gguf"),
+])
+def test_gguf_of_finds_a_hub_name_in_the_hub_cache_offline(hub_repo, name, file) -> None:
+    found = llamacpp.gguf_of(name, None, "--draft-model")
+    assert found == hub_repo / file
+    assert found.read_bytes() == b"GGUF " + file.encode()
+
+
+def test_gguf_of_names_the_flag_and_what_it_takes_for_a_bad_name(hub_repo) -> None:
+    with pytest.raises(ValueError, match=r"--draft-model must be .*hub name.*'plain-word'"):
+        llamacpp.gguf_of("plain-word", None, "--draft-model")
+    with pytest.raises(ValueError, match="--model must be .*'owner/checkpoint' is a trans"):
+        llamacpp.gguf_of("owner/checkpoint", None)
+    with pytest.raises(ValueError, match="--model: .*no .gguf file carries Q3_K.*model-Q4_K_M"):
+        llamacpp.gguf_of("owner/repo-GGUF:Q3_K", None)
+    with pytest.raises(ModelNotAvailableError, match="hf download owner/absent"):
+        llamacpp.gguf_of("owner/absent:Q8_0", None)
+
+
+def test_gguf_of_takes_a_local_folder_for_a_path_not_a_hub_name(hub_repo, tmp_path,
+                                                                monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "owner" / "repo-GGUF").mkdir(parents=True)
+    with pytest.raises(ValueError, match="got 'owner/repo-GGUF'"):
+        llamacpp.gguf_of("owner/repo-GGUF", None)
 
 
 def test_decode_rate_leaves_out_the_first_token() -> None:

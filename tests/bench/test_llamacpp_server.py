@@ -279,7 +279,8 @@ def test_bench_runs_the_server_modes_and_names_llamacpps_best(tiny, tmp_path, ca
                                                               monkeypatch) -> None:
     folder = tmp_path / "bin"
     write_fake_server(folder)
-    monkeypatch.setattr(llamacpp, "gguf_of", lambda model, cache_dir: tmp_path / "m.gguf")
+    monkeypatch.setattr(llamacpp, "gguf_of",
+                        lambda model, cache_dir, option="--model": tmp_path / "m.gguf")
     argv = bench_argv(tiny, "--methods", "hf,llamacpp_server,llamacpp_ngram,llamacpp_draft",
                       "--llamacpp-bin", str(folder), "--baseline-dtypes", "none",
                       "--draft-tokens", "3", "--out", str(tmp_path / "out"), "--no-plots")

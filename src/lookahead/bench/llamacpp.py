@@ -232,10 +232,21 @@ def make_engine(gguf: Path, tokenizer, eos_token_ids: list[int], binary: str | N
     return BinaryEngine(found, gguf, tokenizer, eos_token_ids, threads)
 
 
-def gguf_of(model: str, cache_dir: str | None) -> Path:
-    """The GGUF file of a bundled model name or a ``.gguf`` path; ``ValueError`` for a model
-    that has none (llama.cpp runs GGUF files only)."""
+def gguf_of(model: str, cache_dir: str | None, option: str = "--model") -> Path:
+    """The GGUF file llama.cpp runs for ``model``: a bundled model's, a local ``.gguf`` path,
+    or the hub cache's copy of a hub GGUF name (``owner/repo``, ``owner/repo:Q5_K_M``,
+    ``owner/repo/file.gguf``; downloaded there first where needed, read from the cache
+    offline: :mod:`lookahead.models.hub`). ``option`` is the flag that named ``model``.
+
+    Raises:
+        ValueError: a model that has no GGUF file (llama.cpp runs GGUF files only), or a hub
+            repository without a single file of the tag asked for; the message names
+            ``option`` and what it takes.
+        ModelNotAvailableError: a bundled model not installed, or a hub file neither on a
+            reachable hub nor in the cache (the message says what to run).
+    """
     from lookahead.models.gguf import find_gguf
+    from lookahead.models.hub import parse_hub_name, resolve_hub_name
     from lookahead.models.registry import BUNDLED_MODELS
 
     for spec in BUNDLED_MODELS:
@@ -244,8 +255,20 @@ def gguf_of(model: str, cache_dir: str | None) -> Path:
     path = Path(model).expanduser()
     if path.suffix == ".gguf" and path.is_file():
         return path
-    raise ValueError(f"the llamacpp method runs a GGUF file: --model must be a bundled model "
-                     f"or a .gguf file, got {model!r}")
+    # A local folder or file is never asked of the hub, even where it reads as owner/repo.
+    hub = None if path.exists() else parse_hub_name(model)
+    problem = f"got {model!r}"
+    if hub is not None:
+        try:
+            found = resolve_hub_name(hub).gguf
+        except ValueError as error:  # no single file carries the tag: it lists the files
+            raise ValueError(f"{option}: {error}") from None
+        if found is not None:
+            return found
+        problem = f"{model!r} is a transformers checkpoint on the hub"
+    raise ValueError(f"the llama.cpp methods run a GGUF file: {option} must be a bundled "
+                     "model, a .gguf file or a Hugging Face hub name of a GGUF file "
+                     f"(owner/repo, owner/repo:Q5_K_M, owner/repo/file.gguf); {problem}")
 
 
 def add_arguments(parser) -> None:

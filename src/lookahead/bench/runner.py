@@ -320,7 +320,7 @@ def _start_engines(config: BenchConfig, model, tokenizer) -> dict[str, object]:
                                                           config.options.llamacpp_bin)
     draft = None
     if llamacpp_server.LLAMACPP_DRAFT in external:
-        draft = llamacpp.gguf_of(config.draft_model, config.cache_dir)
+        draft = llamacpp.gguf_of(config.draft_model, config.cache_dir, "--draft-model")
     engines.update(llamacpp_server.start_engines(
         tuple(external), config.options.llamacpp_bin, gguf, tokenizer, eos, draft,
         config.options.draft.num_draft_tokens))

@@ -54,7 +54,8 @@ def register(subparsers) -> None:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_model_arguments(parser)
     parser.add_argument("--draft-model", help="draft model for 'draft', 'hf_assisted' and "
-                        "'llamacpp_draft' (a GGUF file or bundled model for that one)")
+                        "'llamacpp_draft' (a bundled model, a .gguf file or a hub GGUF name "
+                        "for that one)")
     parser.add_argument(
         "--dataset",
         type=comma_list(),

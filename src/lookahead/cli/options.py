@@ -106,7 +106,8 @@ def add_model_args(parser: argparse.ArgumentParser, *, default: str | None = DEF
         default=default,
         metavar="NAME",
         help="a bundled model (see `lookahead install-model -h`), a local Hugging Face folder, "
-        "a .gguf file or a hub id" + (f" (default: {default})" if default else ""),
+        "a .gguf file or a Hugging Face hub name (owner/repo, owner/repo:Q5_K_M, "
+        "owner/repo/file.gguf)" + (f" (default: {default})" if default else ""),
     )
     group.add_argument(
         "--dtype", type=dtype_name, default=AUTO_DTYPE, help=DTYPE_HELP

@@ -157,6 +157,8 @@ def test_jsonl_prompts(tmp_path: Path) -> None:
         ('{"question": "no prompt field"}', r"bad\.jsonl:2: .*'prompt'"),
         ('{"prompt": 42}', r"bad\.jsonl:2: .*'prompt'"),
         ('{"prompt": "x", "chat": "yes"}', r"bad\.jsonl:2: 'chat' must be true or false"),
+        ('{"prompt": "x", "category": 3}', r"bad\.jsonl:2: 'category' must be a string .*got 3"),
+        ('{"prompt": "x", "category": null}', r"bad\.jsonl:2: 'category' must be a string"),
         ("{not json", r"bad\.jsonl:2: not valid JSON"),
         ('["a list"]', r"bad\.jsonl:2: expected a JSON object"),
     ],
@@ -165,6 +167,26 @@ def test_malformed_jsonl_names_file_and_line(tmp_path: Path, line: str, message:
     path = write_jsonl(tmp_path / "bad.jsonl", [{"prompt": "fine"}, line])
     with pytest.raises(ValueError, match=message):
         load_prompts(str(path))
+
+
+def test_jsonl_category_is_read(tmp_path: Path) -> None:
+    path = write_jsonl(tmp_path / "grouped.jsonl", [
+        {"id": "t", "prompt": "Translate: good morning.", "category": "translation"},
+        {"id": "n", "prompt": "No group."},
+    ])
+    assert [(p.id, p.category) for p in load_prompts(str(path))] == [("t", "translation"),
+                                                                      ("n", "")]
+
+
+def test_task_groups_file_holds_six_groups_of_two_chat_prompts() -> None:
+    path = Path(__file__).parents[2] / "benchmarks" / "task-groups-12.jsonl"
+    prompts = load_prompts(str(path))
+    groups: dict[str, list[str]] = {}
+    for prompt in prompts:
+        groups.setdefault(prompt.category, []).append(prompt.id)
+    assert groups == {name: [f"{name}-1", f"{name}-2"] for name in (
+        "conversation", "translation", "summarization", "qa", "math", "rag")}
+    assert all(p.is_chat and p.text.strip() for p in prompts)
 
 
 def test_empty_jsonl_is_an_error(tmp_path: Path) -> None:

@@ -4,6 +4,7 @@ commands' work; their parsers live in ``lookahead.cli``).
 ``runner``      every method on the same prompts against HF ``generate``
 ``methods``     how each method generates and is timed
 ``report``      summary rows, the Markdown table, ``results.json``
+``groups``      tok/s per group of prompts (their category) against ``autoregressive``
 ``plots``       the PNG figures
 ``datasets``    the bundled prompt sets (HumanEval, MT-Bench, GSM8K, ...)
 ``cost_curve``  what a forward pass of k tokens costs here, and the speed it predicts

@@ -14,9 +14,10 @@ The files are found inside the installed packages without importing them (their 
 dependencies that ``--no-deps`` leaves out).
 
 A JSONL file holds one object per line with a ``prompt`` (or ``text``) string, and optionally an
-``id`` and a ``chat`` boolean (default true)::
+``id``, a ``chat`` boolean (default true) and a ``category`` string, the prompt's group (the
+report gives each group's figures where a file has two groups or more)::
 
-    {"id": "greet", "prompt": "Say hello in French.", "chat": true}
+    {"id": "greet", "prompt": "Say hello in French.", "chat": true, "category": "translation"}
     {"prompt": "def fibonacci(n):\\n", "chat": false}
 
 Example::
@@ -243,7 +244,14 @@ def _user_row(row: Mapping[str, Any], where: str, default_id: str) -> Prompt:
     is_chat = row.get("chat", True)
     if not isinstance(is_chat, bool):
         raise ValueError(f"{where}: 'chat' must be true or false, got {is_chat!r}")
-    return Prompt(id=str(row.get("id", default_id)), text=text, is_chat=is_chat)
+    category = row.get("category", "")
+    if not isinstance(category, str):
+        raise ValueError(
+            f"{where}: 'category' must be a string (a group name such as \"translation\"), "
+            f"got {category!r}"
+        )
+    return Prompt(id=str(row.get("id", default_id)), text=text, is_chat=is_chat,
+                  category=category)
 
 
 def _read_jsonl(path: Path) -> Iterator[tuple[int, Mapping[str, Any]]]:

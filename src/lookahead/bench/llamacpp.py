@@ -31,6 +31,7 @@ import numpy as np
 import torch
 
 from lookahead.bench.methods import EXTERNAL_METHODS, Measurement
+from lookahead.bench.groups import dataset_summaries
 from lookahead.bench.report import ALL
 
 logger = logging.getLogger(__name__)
@@ -322,7 +323,7 @@ def comparison_table(results: dict) -> str:
     llama.cpp's fastest mode (named in the column), then :func:`best_line` (Markdown)."""
     records = results["runs"]
     lines = []
-    for dataset, rows in results["summary"].items():
+    for dataset, rows in dataset_summaries(results).items():
         runs = records if dataset == ALL else [r for r in records if r["dataset"] == dataset]
         best = fastest(rows, LLAMACPP_METHODS)
         versus = f" vs llama.cpp best ({best['method']}) |" if best else ""

@@ -23,6 +23,7 @@ from types import MappingProxyType
 
 from matplotlib.figure import Figure
 
+from lookahead.bench.groups import dataset_summaries
 from lookahead.bench.methods import BASELINE
 from lookahead.kernels.choice import Kernel
 from lookahead.profiles import recorded_kernel
@@ -106,7 +107,7 @@ def _bench_title(results: dict, dataset: str, prompts: int, what: str) -> str:
 def plot_speedups(results: dict, path: str | Path) -> Path:
     """Horizontal bars, one panel per data set: each (method, weights) row's tokens/s, labelled
     with its speed-up over the fastest plain HF ``generate`` and its identical outputs."""
-    summary = results["summary"]
+    summary = dataset_summaries(results)
     heights = [len(rows) for rows in summary.values()]
     figure = Figure(figsize=(9.0, 1.6 + 0.45 * sum(heights) + 0.9 * len(heights)), dpi=120)
     panels = figure.subplots(len(summary), 1, squeeze=False,
@@ -157,7 +158,7 @@ def plot_tokens_per_step(results: dict, path: str | Path) -> Path:
     """Tokens per step against mean tokens fed per forward pass: a small dot per prompt, a
     large marker per method (and data set, labelled when there are several)."""
     setting = main_setting(results["config"])
-    summary = results["summary"]
+    summary = dataset_summaries(results)
     figure = Figure(figsize=(7.5, 5.0), dpi=120)
     axes = figure.add_subplot()
     seen: dict[str, str] = {}

@@ -4,7 +4,9 @@ The results dict (also written as ``results.json``)::
 
     {
       "config":  {...the BenchConfig, the methods run, the machine...},
-      "summary": {"humaneval": [row, ...], ..., "all": [...] (when several data sets)},
+      "summary": {"humaneval": [row, ...], ..., "all": [...] (when several data sets),
+                  "groups": {"mtbench": [group row, ...]} (when a data set's prompts have
+                             categories; ``lookahead.bench.groups``)},
       "runs":    [one record per (data set, prompt, method, dtype): tokens, seconds, stats...],
     }
 
@@ -31,6 +33,7 @@ import json
 from collections.abc import Iterable
 from pathlib import Path
 
+from lookahead.bench.groups import GROUPS, dataset_summaries, group_rows, group_table
 from lookahead.bench.methods import BASELINE
 from lookahead.kernels.choice import Kernel
 
@@ -57,16 +60,17 @@ def weights_of(setting: str) -> tuple[str, Kernel]:
 
 
 def summarise(config: dict, records: list[dict]) -> dict:
-    """Group ``records`` by data set (plus "all" for several) and (method, dtype)."""
+    """Group ``records`` by data set (plus "all" for several) and (method, dtype); a data set
+    whose prompts carry categories also by category (``summary["groups"]``)."""
     datasets = list(dict.fromkeys(r["dataset"] for r in records))
     groups = {name: [r for r in records if r["dataset"] == name] for name in datasets}
+    per_category = {name: rows for name in datasets if (rows := group_rows(config, groups[name]))}
     if len(datasets) > 1:
         groups[ALL] = records
-    return dict(
-        config=config,
-        summary={name: _summarise_group(group) for name, group in groups.items()},
-        runs=records,
-    )
+    summary = {name: _summarise_group(group) for name, group in groups.items()}
+    if per_category:
+        summary[GROUPS] = per_category
+    return dict(config=config, summary=summary, runs=records)
 
 
 def _summarise_group(records: list[dict]) -> list[dict]:
@@ -174,7 +178,8 @@ def markdown_table(results: dict) -> str:
         + (f", datastore {store}" if (store := config.get("options", {}).get("datastore")) else "")
         + _cap_note(config.get("options", {})),
     ]
-    for dataset, rows in results["summary"].items():
+    per_category = results["summary"].get(GROUPS, {})
+    for dataset, rows in dataset_summaries(results).items():
         best = rows[0]["best_baseline_dtype"] if rows else None
         lines += [
             "",
@@ -187,6 +192,7 @@ def markdown_table(results: dict) -> str:
             "|---|---|--:|--:|--:|--:|--:|---|--:|--:|--:|",
         ]
         lines += [_table_line(row) for row in rows]
+        lines += group_table(dataset, per_category.get(dataset, []))
     return "\n".join(lines)
 
 

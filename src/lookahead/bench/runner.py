@@ -41,7 +41,8 @@ from lookahead.bench.methods import (
 )
 from lookahead.bench.report import setting_label, summarise, weights_of
 from lookahead.config import check_int, copying_methods
-from lookahead.bench.datasets import BUNDLED_DATASETS, encode_prompt, load_prompts
+from lookahead.bench.datasets import BUNDLED_DATASETS, Prompt, encode_prompt, load_prompts
+from lookahead.bench.groups import GROUPS
 from lookahead.sources.datastore import Datastore, load_datastore
 from lookahead.sources.memory import TextMemory
 from lookahead.models.load import load_model
@@ -103,6 +104,9 @@ class BenchConfig:
         labels = [_label(name) for name in self.datasets]
         if len(set(labels)) != len(labels):
             raise ValueError(f"datasets must have distinct names, got {list(self.datasets)}")
+        if GROUPS in labels:
+            raise ValueError(f"datasets: {GROUPS!r} names the summary's figures per group, "
+                             "not a data set; rename the file")
         object.__setattr__(self, "packed_weights", as_kernel(self.packed_weights))
         object.__setattr__(self, "dtype", Kernel.QUANTIZED.value if self._quantized() else
                            dtype_name(self.dtype))
@@ -192,7 +196,7 @@ def _run_all(config: BenchConfig, loaded: _Loaded, prompts: dict,
              progress: Progress | None) -> dict:
     """:func:`run_benchmark` once the models (and engines) are loaded."""
     encoded = {
-        name: [(p.id, encode_prompt(loaded.tokenizer, p)) for p in items]
+        name: [(p, encode_prompt(loaded.tokenizer, p)) for p in items]
         for name, items in prompts.items()
     }
     plan = config.plan()
@@ -214,12 +218,12 @@ def _run_all(config: BenchConfig, loaded: _Loaded, prompts: dict,
     memories = {m: TextMemory() for m in copying_methods()} if config.options.memory else {}
     records = []
     for dataset, items in encoded.items():
-        for prompt_id, input_ids in items:
+        for prompt, input_ids in items:
             for method, dtype in plan:
                 result = _run(config, loaded, method, dtype, input_ids, config.max_new_tokens,
                               memories.get(method))
-                records.append(_record(dataset, prompt_id, method, dtype, input_ids, result))
-                tick(f"{dataset} {prompt_id} {method} ({dtype})")
+                records.append(_record(dataset, prompt, method, dtype, input_ids, result))
+                tick(f"{dataset} {prompt.id} {method} ({dtype})")
     return summarise(_describe(config), records)
 
 
@@ -253,10 +257,11 @@ def _run(config, loaded: _Loaded, method, dtype, input_ids, max_new_tokens, memo
     )
 
 
-def _record(dataset, prompt_id, method, dtype, input_ids, result) -> dict:
+def _record(dataset, prompt: Prompt, method, dtype, input_ids, result) -> dict:
     return dict(
         dataset=dataset,
-        prompt=prompt_id,
+        prompt=prompt.id,
+        category=prompt.category,  # its group in the report's table per group
         method=method,
         dtype=dtype,
         prompt_tokens=int(input_ids.shape[1]),

@@ -31,6 +31,7 @@ _EXPORTS = {
     "SamplingConfig": "lookahead.config",
     "Datastore": "lookahead.sources.datastore",
     "TextMemory": "lookahead.sources.memory",
+    "SuccessorTable": "lookahead.proposers.recycling",
     "use_grouped_attention": "lookahead.kernels.grouped_attention",
     "use_invariant_attention": "lookahead.kernels.invariant_attention",
     "Kernel": "lookahead.kernels.choice",

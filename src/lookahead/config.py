@@ -303,6 +303,8 @@ class MethodSpec:
         nothing (one token per pass).
     copies_text: copies from earlier text, so it takes ``memory`` and ``datastore``.
     needs_draft: takes ``draft_model``, a loaded model sharing the target's vocabulary.
+    recycles: takes ``successors``, a ``lookahead.proposers.recycling.SuccessorTable`` shared
+        by the requests of one model (its own top-k predictions, kept across requests).
     tuned: its shape may come from a profile ``lookahead tune`` saved (``window="auto"``,
         ``workload``).
     """
@@ -313,6 +315,7 @@ class MethodSpec:
     copies_text: bool = False
     needs_draft: bool = False
     tuned: bool = False
+    recycles: bool = False
 
     @property
     def options(self) -> tuple[str, ...]:
@@ -320,6 +323,7 @@ class MethodSpec:
         return (*(("draft_model",) if self.needs_draft else ()),
                 *(field_names(self.config) if self.config is not None else ()),
                 *(COPY_SOURCES if self.copies_text else ()),
+                *(("successors",) if self.recycles else ()),
                 *(("workload",) if self.tuned else ()),
                 *(STEP_OPTIONS if self.proposer is not None else ()))
 
@@ -338,7 +342,7 @@ class MethodSpec:
 METHOD_SPECS: tuple[MethodSpec, ...] = (
     MethodSpec("autoregressive"),
     MethodSpec("lookahead", LookaheadConfig, "lookahead.proposers.lookahead:LookaheadProposer.build",
-               copies_text=True, tuned=True),
+               copies_text=True, tuned=True, recycles=True),
     MethodSpec("prompt_lookup", PromptLookupConfig,
                "lookahead.proposers.prompt_lookup:PromptLookupProposer.build", copies_text=True),
     MethodSpec("draft", DraftConfig, "lookahead.proposers.draft:DraftProposer.build",

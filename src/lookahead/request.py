@@ -27,6 +27,7 @@ from lookahead.profiles import DEFAULT_SOURCE, find_shape
 from lookahead.proposers.base import NoProposer, Proposer, ProposerInputs, vocab_size
 from lookahead.sources.datastore import Datastore
 from lookahead.sources.memory import TextMemory
+from lookahead.proposers.recycling import SuccessorTable
 from lookahead.step_costs import measured_shape
 
 logger = logging.getLogger(__name__)
@@ -74,7 +75,8 @@ def make_decoder(model, input_ids, max_new_tokens, method, *, controls=None,
     step_tokens = check_step_tokens(options.pop("max_step_tokens", None))
     inputs = ProposerInputs(model, sampling, generator, memory,
                             _check_datastore(options.pop("datastore", None)),
-                            options.pop("draft_model", None))
+                            options.pop("draft_model", None),
+                            _check_successors(options.pop("successors", None)))
     decoder = Decoder(
         model,
         input_ids,
@@ -208,6 +210,13 @@ def _check_memory(memory) -> TextMemory | None:
     if memory is not None and not isinstance(memory, TextMemory):
         raise TypeError(f"memory must be a lookahead.TextMemory or None, got {describe(memory)}")
     return memory
+
+
+def _check_successors(successors) -> SuccessorTable | None:
+    if successors is not None and not isinstance(successors, SuccessorTable):
+        raise TypeError(f"successors must be a lookahead.SuccessorTable or None, got "
+                        f"{describe(successors)}")
+    return successors
 
 
 def _check_datastore(datastore) -> Datastore | None:

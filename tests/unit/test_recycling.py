@@ -70,3 +70,26 @@ def test_lookahead_proposes_what_the_model_predicted_after_x0_last_time():
     assert any(c[:1] == [50] for c in candidates)
     off = LookaheadProposer(LookaheadConfig(recycle=0))
     assert off.successors is None
+
+
+def test_a_shared_table_carries_the_models_predictions_across_requests(tiny_lm):
+    """``successors=`` keeps one table across calls: the second request starts with the rows
+    the first left, and both texts stay the model's own greedy ones."""
+    from lookahead import SuccessorTable, generate
+    from tests.tiny import reference
+
+    model = tiny_lm("llama", seed=0)
+    table = SuccessorTable(k=4)
+    first = torch.tensor([[3, 7, 11, 5, 9, 2]])
+    second = torch.tensor([[4, 8, 6, 3, 7]])
+    out = generate(model, first, max_new_tokens=12, successors=table)
+    assert out.sequences.tolist() == reference(model, first, 12).tolist()
+    rows = len(table)
+    assert rows > 0
+    out = generate(model, second, max_new_tokens=12, successors=table)
+    assert out.sequences.tolist() == reference(model, second, 12).tolist()
+    assert len(table) >= rows
+    with pytest.raises(TypeError, match="successors must be a lookahead.SuccessorTable"):
+        generate(model, first, max_new_tokens=2, successors={})
+    with pytest.raises(TypeError, match="unknown option"):
+        generate(model, first, max_new_tokens=2, method="prompt_lookup", successors=table)

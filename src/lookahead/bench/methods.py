@@ -148,9 +148,11 @@ def measure(
     pad_token_id: int | None = None,
     memory: TextMemory | None = None,
     datastore: Datastore | None = None,
+    successors=None,
 ) -> Measurement:
     """Generate ``input_ids`` ([1, L]) greedily with ``method`` and time it (``memory``: the
-    method's ``TextMemory``, and ``datastore``, for the methods that take them)."""
+    method's ``TextMemory``, ``datastore`` and ``successors``, for the methods that take
+    them)."""
     if method in EXTERNAL_METHODS:  # ``model`` is that engine (bench/llamacpp.py)
         return model.measure(input_ids, max_new_tokens)
     if method in HF_METHODS:
@@ -165,6 +167,8 @@ def measure(
         kwargs["memory"] = memory
     if datastore is not None and spec.copies_text:
         kwargs["datastore"] = datastore
+    if successors is not None and spec.recycles:
+        kwargs["successors"] = successors
     return _measure_ours(method, model, input_ids, max_new_tokens, kwargs)
 
 

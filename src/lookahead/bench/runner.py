@@ -40,11 +40,12 @@ from lookahead.bench.methods import (
     measure,
 )
 from lookahead.bench.report import setting_label, summarise, weights_of
-from lookahead.config import check_int, copying_methods
+from lookahead.config import check_int, copying_methods, method_names, method_spec
 from lookahead.bench.datasets import BUNDLED_DATASETS, Prompt, encode_prompt, load_prompts
 from lookahead.bench.groups import GROUPS
 from lookahead.sources.datastore import Datastore, load_datastore
 from lookahead.sources.memory import TextMemory
+from lookahead.proposers.recycling import SuccessorTable
 from lookahead.models.load import load_model
 from lookahead.models.load import is_gguf_source
 from lookahead.kernels.choice import Kernel, as_kernel
@@ -216,12 +217,13 @@ def _run_all(config: BenchConfig, loaded: _Loaded, prompts: dict,
             tick(f"warm-up {method} ({dtype})")
     # Made after the warm-up, which would otherwise leave the first prompt's answer in them.
     memories = {m: TextMemory() for m in copying_methods()} if config.options.memory else {}
+    successors = _successor_tables(config)
     records = []
     for dataset, items in encoded.items():
         for prompt, input_ids in items:
             for method, dtype in plan:
                 result = _run(config, loaded, method, dtype, input_ids, config.max_new_tokens,
-                              memories.get(method))
+                              memories.get(method), successors.get(method))
                 records.append(_record(dataset, prompt, method, dtype, input_ids, result))
                 tick(f"{dataset} {prompt.id} {method} ({dtype})")
     return summarise(_describe(config), records)
@@ -243,7 +245,16 @@ def _priced(config: BenchConfig, model) -> BenchConfig:
     return replace(config, options=replace(options, lookahead=priced, lookahead_step_tokens=cap))
 
 
-def _run(config, loaded: _Loaded, method, dtype, input_ids, max_new_tokens, memory=None):
+def _successor_tables(config: BenchConfig) -> dict[str, SuccessorTable]:
+    """One successor table per recycling method, kept across its prompts as a process that
+    serves many requests keeps it (the model's own predictions, not a prompt's text)."""
+    k = config.options.lookahead.recycle
+    return {m: SuccessorTable(k) for m in config.run_methods
+            if m in method_names() and method_spec(m).recycles and k}
+
+
+def _run(config, loaded: _Loaded, method, dtype, input_ids, max_new_tokens, memory=None,
+         successors=None):
     return measure(
         method,
         loaded.engines.get(method) or loaded.models[dtype],
@@ -254,6 +265,7 @@ def _run(config, loaded: _Loaded, method, dtype, input_ids, max_new_tokens, memo
         pad_token_id=loaded.pad_token_id,
         memory=memory,
         datastore=loaded.datastore,
+        successors=successors,
     )
 
 
@@ -338,6 +350,8 @@ def _describe(config: BenchConfig) -> dict:
     described["methods"] = list(config.run_methods)
     described["setting"] = config.setting
     described["hf_methods"] = [m for m in config.run_methods if m in HF_METHODS]
+    # Token Recycling's table is the model's, kept across a method's prompts (a server's is).
+    described["successors_shared"] = sorted(_successor_tables(config))
     described["environment"] = dict(
         python=platform.python_version(),
         torch=torch.__version__,

@@ -54,7 +54,8 @@ class ProposerInputs:
 
     model: the target; sampling: a ``lookahead.config.SamplingConfig``; generator: the
     request's RNG (sampling only); memory, datastore: texts to copy from (copying methods);
-    draft_model: the draft (``needs_draft`` methods).
+    draft_model: the draft (``needs_draft`` methods); successors: a successor table shared
+        across requests (``recycles`` methods; None: each request starts its own).
     """
 
     model: torch.nn.Module
@@ -63,6 +64,7 @@ class ProposerInputs:
     memory: object | None = None
     datastore: object | None = None
     draft_model: object | None = None
+    successors: object | None = None
 
 
 def vocab_size(model) -> int:

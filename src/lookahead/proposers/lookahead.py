@@ -260,7 +260,7 @@ class LookaheadProposer:
 
     def __init__(
         self, config: LookaheadConfig, seed: int = 0, memory: TextMemory | None = None,
-        datastore: Datastore | None = None,
+        datastore: Datastore | None = None, successors: SuccessorTable | None = None,
     ) -> None:
         self.config = config
         self.memory = memory
@@ -277,12 +277,19 @@ class LookaheadProposer:
         self.gauge = self._new_gauge()
         self.depths = self._new_depths()
         self._visibility: dict[int, torch.Tensor] = {}
-        self.successors = SuccessorTable(config.recycle) if config.recycle else None
+        # A shared table is the model's across requests; without one, the request's own.
+        self._shared_successors = successors is not None
+        if not config.recycle:
+            successors = None
+        elif successors is None:
+            successors = SuccessorTable(config.recycle)
+        self.successors = successors
 
     @classmethod
     def build(cls, config: LookaheadConfig, inputs: ProposerInputs) -> LookaheadProposer:
         """The proposer of ``method="lookahead"`` (``MethodSpec.proposer``)."""
-        return cls(config, memory=inputs.memory, datastore=inputs.datastore)
+        return cls(config, memory=inputs.memory, datastore=inputs.datastore,
+                   successors=inputs.successors)
 
     def start(self, prompt: list[int]) -> None:
         cfg = self.config
@@ -291,7 +298,7 @@ class LookaheadProposer:
             self.pool.add_all(prompt)
         self._pooled = len(prompt)
         self.copy_length.reset()
-        if self.config.recycle:
+        if self.config.recycle and not self._shared_successors:
             self.successors = SuccessorTable(self.config.recycle)
         self.gauge = self._new_gauge()
         self.depths = self._new_depths()

@@ -290,7 +290,7 @@ class Decoder:
         branch_logits = logits[len(tree) :] if proposal.branch is not None else None
         self.proposer.update(self.context, StepOutcome(
             committed, accepted, branch_logits, fed if seconds is not None else None, seconds,
-            tree.tokens, scores))
+            tree, scores))
         if observer is not None:
             observer("update")
         return committed, [0] + verdict.nodes  # tree node i sits at row i

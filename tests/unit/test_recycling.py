@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from lookahead.attention import TokenTree
 from lookahead.config import LookaheadConfig
 from lookahead.proposers.base import StepOutcome
 from lookahead.proposers.lookahead import LookaheadProposer
@@ -47,6 +48,22 @@ def test_chains_follow_the_top_successor_then_branch_once():
     assert table.chains(13, depth=3, branches=(3, 2)) == []
 
 
+def test_a_pair_of_tokens_predicts_where_it_was_seen_else_the_last_token_alone():
+    table = SuccessorTable(k=2, pair_capacity=4)
+    table.record([5, 5], scores_ranking(20, [7, 8], [9, 10]), before=[1, 2])
+    assert table.successors(5, before=1) == [7, 8]
+    assert table.successors(5, before=2) == [9, 10]
+    assert table.successors(5, before=3) == [9, 10]  # the latest row of 5 alone
+    assert table.successors(5) == [9, 10]
+    # chains follow the pairs along the way: after (1, 5) comes 7, after (5, 7) comes 11
+    table.record([7, 7], scores_ranking(20, [11, 12], [13, 14]), before=[5, 6])
+    assert table.chains(5, depth=2, branches=(), before=1)[0] == ([7, 11], "recycled")
+    assert table.chains(5, depth=2, branches=(), before=2)[0] == ([9], "recycled")
+    # beyond the capacity the pair written longest ago goes
+    table.record([8], scores_ranking(20, [1, 2]), before=[3])
+    assert (1, 5) not in table._pairs and len(table._pairs) == 4
+
+
 def test_table_rejects_a_bad_k():
     with pytest.raises(ValueError, match="k must be a positive int"):
         SuccessorTable(k=0)
@@ -61,10 +78,13 @@ def test_lookahead_proposes_what_the_model_predicted_after_x0_last_time():
     proposer = LookaheadProposer(config)
     proposer.start([1, 2, 3])
     proposer.propose([1, 2, 3], max_tokens=4)
-    tree_tokens = [3, 40, 41]
+    tree = TokenTree(3, [[40, 41]])
     scores = scores_ranking(64, [50, 51], [52], [53])
-    proposer.update([1, 2, 3, 50], StepOutcome(committed=[50], accepted=0,
-                                              tree_tokens=tree_tokens, tree_scores=scores))
+    proposer.update([1, 2, 3, 50], StepOutcome(committed=[50], accepted=0, tree=tree,
+                                              tree_scores=scores))
+    # keyed by the node's token, and by its parent's (for x0: the text's token before it)
+    assert proposer.successors._pairs[(2, 3)][0] == 50
+    assert proposer.successors._pairs[(40, 41)][0] == 53
     assert proposer.successors.successors(40)[0] == 52
     candidates = proposer.propose([1, 2, 3, 50, 9, 3], max_tokens=4).candidates
     assert any(c[:1] == [50] for c in candidates)

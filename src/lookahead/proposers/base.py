@@ -7,7 +7,7 @@ from typing import Protocol
 
 import torch
 
-from lookahead.attention import Branch
+from lookahead.attention import Branch, TokenTree
 
 
 @dataclass(frozen=True)
@@ -34,8 +34,9 @@ class StepOutcome:
     branch_logits: [R, V] logits of the branch rows the proposal asked for, or None.
     forward_tokens, seconds: the tokens the step's forward pass was fed and how long it took,
         where the pass was this request's alone (else None: a server's shared pass).
-    tree_tokens, tree_scores: the candidate tree's node tokens (x0 first) and the scores [T, V]
-        the model gave the position after each, accepted or not (Token Recycling reads them).
+    tree, tree_scores: the step's candidate tree (``lookahead.attention.TokenTree``, x0 its
+        root) and the scores [len(tree), V] the model gave the position after each node,
+        accepted or not (Token Recycling reads them).
     """
 
     committed: list[int]
@@ -43,7 +44,7 @@ class StepOutcome:
     branch_logits: torch.Tensor | None = None
     forward_tokens: int | None = None
     seconds: float | None = None
-    tree_tokens: list[int] | None = None
+    tree: TokenTree | None = None
     tree_scores: torch.Tensor | None = None
 
 

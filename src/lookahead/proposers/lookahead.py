@@ -328,7 +328,8 @@ class LookaheadProposer:
             proposed.insert(0, (copied, source))
         if self.successors is not None:
             depth = min(self.config.recycle_depth, max_tokens)
-            proposed += self.successors.chains(context[-1], depth, RECYCLE_BRANCHES)
+            before = context[-2] if len(context) > 1 else None
+            proposed += self.successors.chains(context[-1], depth, RECYCLE_BRANCHES, before)
         self._proposed = proposed
         fed = self._cut(proposed)
         self._copied = fed[0] if copied else []
@@ -383,7 +384,9 @@ class LookaheadProposer:
 
     def update(self, context: list[int], outcome: StepOutcome) -> None:
         if self.successors is not None and outcome.tree_scores is not None:
-            self.successors.record(outcome.tree_tokens, outcome.tree_scores)
+            root_at = len(context) - len(outcome.committed) - 1  # x0's index in the text
+            self.successors.record_tree(outcome.tree, outcome.tree_scores,
+                                        context[root_at - 1] if root_at > 0 else None)
         if outcome.branch_logits is not None:  # None when a busy server left the window out
             if self.successors is not None:
                 self.successors.record(self.levels[-1], outcome.branch_logits)

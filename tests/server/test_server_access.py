@@ -93,6 +93,31 @@ def test_a_shared_memory_reports_no_acceptance_figures(settings) -> None:
     assert settings.shares_memory and steps == [None, None]
 
 
+def test_recycled_predictions_are_kept_per_api_key_across_requests() -> None:
+    """Each key's lookahead requests share one successor table (the model's predictions at
+    that client's texts), never another key's; the texts stay the model's greedy ones."""
+    model, tokenizer = server_llama(), server_tokenizer()
+    ids = prompt_ids(6, 9)
+    text, _ = expected(model, tokenizer, ids, 30, method="lookahead")
+    settings = ServerSettings(MODEL, "lookahead", api_keys=("ka", "kb"))
+    engine, server = served(settings, model=model, tokenizer=tokenizer)
+    with server:
+        state = server.server.config.app.state.lookahead
+        a1 = _steps_of(server.url, "ka", ids)
+        rows = len(state.successors[0])
+        a2 = _steps_of(server.url, "ka", prompt_ids(7, 9))
+        tables = dict(state.successors)
+    engine.stop()
+    assert a1[1] == text and rows > 0
+    assert set(tables) == {0} and len(tables[0]) >= rows  # kb sent nothing: no table
+    off = ServerSettings(MODEL, "lookahead", {"recycle": 0})
+    engine, server = served(off, model=model, tokenizer=tokenizer)
+    with server:
+        assert _steps_of(server.url, "any", ids)[1] == text
+        assert server.server.config.app.state.lookahead.successors == {}
+    engine.stop()
+
+
 # ----------------------------------------------------------------------------- flags
 
 

@@ -43,7 +43,7 @@ from starlette.middleware.cors import CORSMiddleware
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
-from lookahead.config import method_spec
+from lookahead.config import LookaheadConfig, method_spec
 from lookahead.kernels.packing import packing_of
 from lookahead.server.engine import Engine, EngineClosedError, QueueFullError
 from lookahead.server.guard import BodyTooLargeError, Guard, read_body, too_large_error
@@ -52,6 +52,7 @@ from lookahead.server.metrics import CONTENT_TYPE
 from lookahead.server.prepare import check_prompt_size, prepare
 from lookahead.server.structured import StructuredOutput, tool_choice_of
 from lookahead.sources.memory import DEFAULT_CAPACITY, TextMemory
+from lookahead.proposers.recycling import SuccessorTable
 from lookahead.server.protocol import (
     ApiError,
     BodyError,
@@ -140,6 +141,7 @@ class _State:
         # One thread: tokenizing off the event loop, and never two at once on one tokenizer.
         self.pool = ThreadPoolExecutor(1, thread_name_prefix="lookahead-prepare")
         self.memories: dict[int | None, TextMemory] = {}
+        self.successors: dict[int | None, SuccessorTable] = {}
         self.preparing = 0  # changed on the event loop only
         self.structured = StructuredOutput(engine.model, engine.tokenizer)
 
@@ -154,6 +156,17 @@ class _State:
         if scope not in self.memories:
             self.memories[scope] = TextMemory(self.settings.memory_capacity)
         return self.memories[scope]
+
+    def successors_for(self, key_index: int | None) -> SuccessorTable | None:
+        """The Token Recycling table of the client with API key ``key_index`` (one per key,
+        as its acceptance could otherwise tell one client what another's texts predicted;
+        without keys, one for all), kept across its requests; None where recycling is off."""
+        k = self.settings.method_options.get("recycle", LookaheadConfig().recycle)
+        if not k:
+            return None
+        if key_index not in self.successors:
+            self.successors[key_index] = SuccessorTable(k)
+        return self.successors[key_index]
 
     def memory_tokens(self) -> int | None:
         legacy = self.settings.method_options.get("memory")
@@ -251,11 +264,12 @@ async def _handle(request: Request, state: _State, chat: bool) -> Response:
         raise ApiError(429, f"{waiting} requests are already waiting (max_queue={limit}), no "
                        f"{room}; retry later", None, "rate_limit_exceeded", "queue_full")
     check_prompt_size(body, chat, settings.prompt_char_limit(engine.context_length))
-    memory = state.memory_for(getattr(request.state, "api_key_index", None))
+    key = getattr(request.state, "api_key_index", None)
+    memory = state.memory_for(key)
     state.preparing += body.n
     try:
         decoders, method = await state.run(prepare, engine, settings, body, chat, memory,
-                                           state.structured)
+                                           state.structured, state.successors_for(key))
         handles = _submit(engine, decoders, body, method, rid)
     finally:
         state.preparing -= body.n

@@ -43,9 +43,10 @@ def check_prompt_size(body, chat: bool, limit: int) -> None:
 
 
 def prepare(engine, settings, body, chat: bool, memory: TextMemory | None,
-            structured: StructuredOutput | None = None):
+            structured: StructuredOutput | None = None, successors=None):
     """(the ``body.n`` decoders, the method): the prompt tokenized, the decoders built;
-    ``structured``: the grammars of ``response_format`` and tool calls (chat only)."""
+    ``structured``: the grammars of ``response_format`` and tool calls (chat only);
+    ``successors``: the client's ``SuccessorTable`` for the methods that recycle."""
     grammar = None
     if chat:
         messages = template_messages(body.messages)
@@ -61,7 +62,7 @@ def prepare(engine, settings, body, chat: bool, memory: TextMemory | None,
         ids = engine.tokenizer(body.prompt, return_tensors="pt")["input_ids"]
     else:
         ids = _token_ids(body.prompt, engine)
-    return decoders(engine, settings, body, ids, chat, memory, grammar)
+    return decoders(engine, settings, body, ids, chat, memory, grammar, successors)
 
 
 def token_limit(engine, settings, body, prompt_len: int, chat: bool) -> int:
@@ -92,13 +93,15 @@ def token_limit(engine, settings, body, prompt_len: int, chat: bool) -> int:
 
 
 def decoders(engine, settings, body, input_ids: torch.Tensor, chat: bool,
-             memory: TextMemory | None, grammar=None):
+             memory: TextMemory | None, grammar=None, successors=None):
     """The request's ``body.n`` ``Decoder``s and its method (see the module docstring);
     ``grammar``: a ``lookahead.grammar.Grammar`` every choice decodes under."""
     max_tokens = token_limit(engine, settings, body, input_ids.shape[1], chat)
     method, options = method_options(settings, body)
     if memory is not None and method == settings.method and method_spec(method).copies_text:
         options["memory"] = memory
+    if successors is not None and method_spec(method).recycles:
+        options["successors"] = successors
     vocab = _vocab_size(engine)
     try:  # checked once here, built again for every choice: Controls keeps per-text state
         penalty_processors(input_ids.shape[1], vocab_size=vocab, **body.penalties)
@@ -122,7 +125,7 @@ def decoders(engine, settings, body, input_ids: torch.Tensor, chat: bool,
 
 
 _BODY_SAMPLING = ("do_sample", "temperature", "top_k", "top_p", "seed")
-_SERVER_ONLY = ("draft_model", "eos_token_id", "memory", "datastore", "workload")
+_SERVER_ONLY = ("draft_model", "eos_token_id", "memory", "datastore", "workload", "successors")
 
 
 def method_options(settings, body) -> tuple[str, dict]:

@@ -25,6 +25,7 @@ def test_a_methods_options_are_its_configs_fields_and_a_few_more(method, config)
     options = METHOD_OPTIONS[method]
     assert [n for n in options if n in names] == names  # all of them, in their order
     assert set(options) - set(names) <= {"memory", "datastore", "workload", "draft_model",
+                                         "successors",
                                          "max_step_tokens"}
     assert len(set(options)) == len(options)
 

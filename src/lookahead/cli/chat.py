@@ -54,7 +54,9 @@ def run(args: argparse.Namespace) -> int:
     # Imported here, after parsing: they load torch and transformers.
     from lookahead.cli.loading import load
     from lookahead.models.load import chat_prompt
+    from lookahead.config import LookaheadConfig, method_spec
     from lookahead.prefix_cache import PrefixCache
+    from lookahead.proposers.recycling import SuccessorTable
 
     console = Console(highlight=False, soft_wrap=True)
     with console.status(f"loading {args.model} ..."):
@@ -66,6 +68,9 @@ def run(args: argparse.Namespace) -> int:
     )
     messages: list[dict[str, str]] = []
     prefixes = PrefixCache(CONVERSATION_CACHE_BYTES)
+    if method_spec(args.method).recycles and options.get("recycle", 1):
+        # the model's own predictions, kept from turn to turn as the conversation's KV is
+        options["successors"] = SuccessorTable(options.get("recycle", LookaheadConfig.recycle))
     while True:
         try:
             text = read_line(console, PROMPT).strip()

@@ -1,0 +1,81 @@
+"""Several option sets of our methods in one process, alternating prompt by prompt.
+
+``lookahead bench`` runs each method once with one set of options; this runs variants of the
+same method (or others) side by side, each prompt through every variant in turn, so that a
+slow minute of a shared machine hits them all alike. Greedy; every variant's text must equal
+the first's (it prints DIFFER otherwise). A variant ``{"share": true}`` keeps one
+``SuccessorTable`` across its prompts, as a server does::
+
+    python benchmarks/ab_options.py --model smollm2-135m \
+        --dataset benchmarks/task-groups-12.jsonl --limit 12 --max-new-tokens 128 --variants \
+        '{"ar": {"method": "autoregressive"}, "off": {"recycle": 0}, "own": {}, "shared": {"share": true}}'
+
+Prints a line per prompt and variant, then per variant the decode-only tok/s (new tokens
+after the first over the seconds after the first token: the prompt's prefill is the same
+for all), tokens per step and tokens fed per step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import torch
+
+from lookahead import SuccessorTable, generate
+from lookahead.bench.datasets import encode_prompt, load_prompts
+from lookahead.models.load import load_model
+
+
+def run(model, tokenizer, prompts, variants: dict, max_new_tokens: int) -> dict:
+    """{variant: [decode tokens, decode seconds, steps, fed tokens]} over ``prompts``."""
+    tables = {name: SuccessorTable() for name, opts in variants.items() if opts.get("share")}
+    totals = {name: [0, 0.0, 0, 0] for name in variants}
+    for prompt in prompts:
+        ids = encode_prompt(tokenizer, prompt)
+        texts = {}
+        for name, opts in variants.items():
+            opts = dict(opts)
+            method = opts.pop("method", "lookahead")
+            if opts.pop("share", False):
+                opts["successors"] = tables[name]
+            stats = (result := generate(model, ids, max_new_tokens=max_new_tokens,
+                                        method=method, do_sample=False, **opts)).stats
+            texts[name] = result.new_tokens[0].tolist()
+            row = totals[name]
+            row[0] += stats.new_tokens - 1
+            row[1] += stats.seconds - stats.time_to_first_token
+            row[2] += stats.steps - 1
+            row[3] += sum(stats.forward_tokens_per_step[1:])
+            print(f"{prompt.id[:24]:24s} {name:8s} {stats.new_tokens / stats.seconds:7.1f} "
+                  f"tok/s  {stats.tokens_per_step:.2f} tokens/step", flush=True)
+        first = next(iter(texts.values()))
+        print("  identical" if all(t == first for t in texts.values()) else "  DIFFER")
+    return totals
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default="smollm2-135m")
+    parser.add_argument("--dataset", default="benchmarks/task-groups-12.jsonl")
+    parser.add_argument("--limit", type=int, default=12)
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--variants", required=True,
+                        help='JSON: {"name": {generate keywords, "method": ..., "share": bool}}')
+    args = parser.parse_args(argv)
+    variants = json.loads(args.variants)
+    if not isinstance(variants, dict) or not all(isinstance(v, dict) for v in variants.values()):
+        parser.error('--variants must be a JSON object of objects, e.g. {"off": {"recycle": 0}}')
+    torch.set_num_threads(args.threads)
+    model, tokenizer = load_model(args.model)[:2]
+    prompts = load_prompts(args.dataset, limit=args.limit)
+    totals = run(model, tokenizer, prompts, variants, args.max_new_tokens)
+    for name, (tokens, seconds, steps, fed) in totals.items():
+        print(f"{name:8s} decode {tokens / seconds:6.1f} tok/s  {tokens / max(steps, 1):.2f} "
+              f"tokens/step  {fed / max(steps, 1):.2f} fed/step")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -8,7 +8,7 @@ the first's (it prints DIFFER otherwise). A variant ``{"share": true}`` keeps on
 
     python benchmarks/ab_options.py --model smollm2-135m \
         --dataset benchmarks/task-groups-12.jsonl --limit 12 --max-new-tokens 128 --variants \
-        '{"ar": {"method": "autoregressive"}, "off": {"recycle": 0}, "own": {}, "shared": {"share": true}}'
+        '{"ar": {"method": "autoregressive"}, "off": {}, "own": {"recycle": 8}, "shared": {"share": true, "recycle": 8}}'
 
 Prints a line per prompt and variant, then per variant the decode-only tok/s (new tokens
 after the first over the seconds after the first token: the prompt's prefill is the same

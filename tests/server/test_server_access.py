@@ -99,7 +99,7 @@ def test_recycled_predictions_are_kept_per_api_key_across_requests() -> None:
     model, tokenizer = server_llama(), server_tokenizer()
     ids = prompt_ids(6, 9)
     text, _ = expected(model, tokenizer, ids, 30, method="lookahead")
-    settings = ServerSettings(MODEL, "lookahead", api_keys=("ka", "kb"))
+    settings = ServerSettings(MODEL, "lookahead", {"recycle": 8}, api_keys=("ka", "kb"))
     engine, server = served(settings, model=model, tokenizer=tokenizer)
     with server:
         state = server.server.config.app.state.lookahead
@@ -110,7 +110,7 @@ def test_recycled_predictions_are_kept_per_api_key_across_requests() -> None:
     engine.stop()
     assert a1[1] == text and rows > 0
     assert set(tables) == {0} and len(tables[0]) >= rows  # kb sent nothing: no table
-    off = ServerSettings(MODEL, "lookahead", {"recycle": 0})
+    off = ServerSettings(MODEL, "lookahead")  # recycling off by default
     engine, server = served(off, model=model, tokenizer=tokenizer)
     with server:
         assert _steps_of(server.url, "any", ids)[1] == text

@@ -88,7 +88,7 @@ def test_lookahead_proposes_what_the_model_predicted_after_x0_last_time():
     assert proposer.successors.successors(40)[0] == 52
     candidates = proposer.propose([1, 2, 3, 50, 9, 3], max_tokens=4).candidates
     assert any(c[:1] == [50] for c in candidates)
-    off = LookaheadProposer(LookaheadConfig(recycle=0))
+    off = LookaheadProposer(LookaheadConfig())  # off by default
     assert off.successors is None
 
 
@@ -102,11 +102,11 @@ def test_a_shared_table_carries_the_models_predictions_across_requests(tiny_lm):
     table = SuccessorTable(k=4)
     first = torch.tensor([[3, 7, 11, 5, 9, 2]])
     second = torch.tensor([[4, 8, 6, 3, 7]])
-    out = generate(model, first, max_new_tokens=12, successors=table)
+    out = generate(model, first, max_new_tokens=12, successors=table, recycle=4)
     assert out.sequences.tolist() == reference(model, first, 12).tolist()
     rows = len(table)
     assert rows > 0
-    out = generate(model, second, max_new_tokens=12, successors=table)
+    out = generate(model, second, max_new_tokens=12, successors=table, recycle=4)
     assert out.sequences.tolist() == reference(model, second, 12).tolist()
     assert len(table) >= rows
     with pytest.raises(TypeError, match="successors must be a lookahead.SuccessorTable"):

@@ -68,9 +68,10 @@ def run(args: argparse.Namespace) -> int:
     )
     messages: list[dict[str, str]] = []
     prefixes = PrefixCache(CONVERSATION_CACHE_BYTES)
-    if method_spec(args.method).recycles and options.get("recycle", 1):
+    recycle = options.get("recycle", LookaheadConfig.recycle)
+    if method_spec(args.method).recycles and recycle:
         # the model's own predictions, kept from turn to turn as the conversation's KV is
-        options["successors"] = SuccessorTable(options.get("recycle", LookaheadConfig.recycle))
+        options["successors"] = SuccessorTable(recycle)
     while True:
         try:
             text = read_line(console, PROMPT).strip()

@@ -31,6 +31,7 @@ from lookahead.bench.datasets import encode_prompt, load_prompts
 from lookahead.cli.bench_args import quiet_loading
 from lookahead.models.load import load_model
 from lookahead.proposers.prompt_lookup import longest_match
+from replay_text_proposers import accepted_path  # the script beside this one
 
 DEPTH = 24  # the longest path the tree keeps (match plus continuation)
 MATCH = 8  # the longest suffix of the text matched, as our copy's lookup_ngram
@@ -95,14 +96,6 @@ class SuffixTrie:
         return leaves
 
 
-def accepted(tree: TokenTree, truth: list[int]) -> int:
-    node = depth = 0
-    while depth < len(truth) and truth[depth] in tree.children[node]:
-        node = tree.children[node][truth[depth]]
-        depth += 1
-    return depth
-
-
 def replay(texts, budget: int, mode: str) -> tuple[float, float]:
     """(tokens per step, tokens fed per step) of ``mode`` ("copy", "suffix", "suffix+") at
     ``budget`` tokens a step, x0 included, over ``texts`` [(prompt ids, output ids)]."""
@@ -126,7 +119,7 @@ def replay(texts, budget: int, mode: str) -> tuple[float, float]:
                 node = trie.match(context)
                 candidates = trie.tree(node, room) if node is not None else []
             tree = TokenTree(context[-1], candidates)
-            committed = min(accepted(tree, output[done:]) + 1, len(output) - done)
+            committed = min(accepted_path(tree, output[done:]) + 1, len(output) - done)
             trie.extend(output[done:done + committed])
             done += committed
             tokens, steps, fed = tokens + committed, steps + 1, fed + len(tree)

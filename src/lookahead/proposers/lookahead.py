@@ -22,6 +22,7 @@ from __future__ import annotations
 import random
 from collections import OrderedDict
 from collections.abc import Sequence
+from types import MappingProxyType
 
 import torch
 
@@ -42,7 +43,7 @@ RECYCLE_BRANCHES = (4, 2, 2)
 # prompts: its first token was right a third of the time, a branch's first 3-12 %. The even
 # chance other sources start from fed up to 6 chains of 6 tokens in a request's first steps,
 # which cost more than they returned on answers of a few tokens.
-RECYCLED_PRIORS = {"recycled": 0.3, "recycled@": 0.1}
+RECYCLED_PRIORS = MappingProxyType({"recycled": 0.3, "recycled@": 0.1})
 
 
 class NGramPool:

@@ -161,7 +161,7 @@ class _State:
         """The Token Recycling table of the client with API key ``key_index`` (one per key,
         as its acceptance could otherwise tell one client what another's texts predicted;
         without keys, one for all), kept across its requests; None where recycling is off."""
-        k = self.settings.method_options.get("recycle", LookaheadConfig().recycle)
+        k = self.settings.method_options.get("recycle", LookaheadConfig.recycle)
         if not k:
             return None
         if key_index not in self.successors:

@@ -10,37 +10,87 @@ the first's (it prints DIFFER otherwise). A variant ``{"share": true}`` keeps on
         --dataset benchmarks/task-groups-12.jsonl --limit 12 --max-new-tokens 128 --variants \
         '{"ar": {"method": "autoregressive"}, "off": {}, "own": {"recycle": 8}, "shared": {"share": true, "recycle": 8}}'
 
+A variant ``{"proposer_at": "REV"}`` runs the lookahead proposer as it was at git revision
+REV (``src/lookahead/proposers/lookahead.py`` then, on the library as it is now), so that a
+change to the proposer is measured against what it replaces in one process::
+
+    python benchmarks/ab_options.py --variants \
+        '{"before": {"proposer_at": "55db356"}, "after": {}}'
+
 Prints a line per prompt and variant, then per variant the decode-only tok/s (new tokens
 after the first over the seconds after the first token: the prompt's prefill is the same
-for all), tokens per step and tokens fed per step.
+for all), tokens per step and tokens fed per step, and per prompt group (the JSONL
+``category``) the end-to-end tok/s of each variant against the first's.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
+import subprocess
+import sys
+import tempfile
+from contextlib import contextmanager
+from pathlib import Path
 
 import torch
 
+import lookahead.proposers.lookahead as lookahead_proposer
 from lookahead import SuccessorTable, generate
 from lookahead.bench.datasets import encode_prompt, load_prompts
 from lookahead.models.load import load_model
 
 
+def proposer_at(revision: str) -> type:
+    """``LookaheadProposer`` as git revision ``revision`` had it."""
+    root = Path(__file__).resolve().parent.parent
+    source = subprocess.run(
+        ["git", "show", f"{revision}:src/lookahead/proposers/lookahead.py"], cwd=root,
+        check=True, capture_output=True, text=True).stdout
+    path = Path(tempfile.mkdtemp()) / f"lookahead_at_{revision}.py"
+    path.write_text(source, encoding="utf-8")
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[path.stem] = module
+    spec.loader.exec_module(module)
+    return module.LookaheadProposer
+
+
+@contextmanager
+def proposer(cls: type | None):
+    """``method="lookahead"`` builds ``cls``'s proposers inside (the current one if None)."""
+    current = lookahead_proposer.LookaheadProposer
+    lookahead_proposer.LookaheadProposer = cls or current
+    try:
+        yield
+    finally:
+        lookahead_proposer.LookaheadProposer = current
+
+
 def run(model, tokenizer, prompts, variants: dict, max_new_tokens: int) -> dict:
-    """{variant: [decode tokens, decode seconds, steps, fed tokens]} over ``prompts``."""
+    """{variant: [decode tokens, decode seconds, steps, fed tokens]} over ``prompts``, and
+    {(group, variant): [tokens, seconds]}."""
     tables = {name: SuccessorTable() for name, opts in variants.items() if opts.get("share")}
+    classes = {name: proposer_at(opts["proposer_at"]) for name, opts in variants.items()
+               if "proposer_at" in opts}
     totals = {name: [0, 0.0, 0, 0] for name in variants}
+    groups: dict[tuple[str, str], list] = {}
     for prompt in prompts:
         ids = encode_prompt(tokenizer, prompt)
         texts = {}
         for name, opts in variants.items():
             opts = dict(opts)
             method = opts.pop("method", "lookahead")
+            opts.pop("proposer_at", None)
             if opts.pop("share", False):
                 opts["successors"] = tables[name]
-            stats = (result := generate(model, ids, max_new_tokens=max_new_tokens,
-                                        method=method, do_sample=False, **opts)).stats
+            with proposer(classes.get(name)):
+                stats = (result := generate(model, ids, max_new_tokens=max_new_tokens,
+                                            method=method, do_sample=False, **opts)).stats
+            group = groups.setdefault((prompt.category or prompt.id, name), [0, 0.0])
+            group[0] += stats.new_tokens
+            group[1] += stats.seconds
             texts[name] = result.new_tokens[0].tolist()
             row = totals[name]
             row[0] += stats.new_tokens - 1
@@ -51,7 +101,7 @@ def run(model, tokenizer, prompts, variants: dict, max_new_tokens: int) -> dict:
                   f"tok/s  {stats.tokens_per_step:.2f} tokens/step", flush=True)
         first = next(iter(texts.values()))
         print("  identical" if all(t == first for t in texts.values()) else "  DIFFER")
-    return totals
+    return totals, groups
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -70,10 +120,16 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     model, tokenizer = load_model(args.model)[:2]
     prompts = load_prompts(args.dataset, limit=args.limit)
-    totals = run(model, tokenizer, prompts, variants, args.max_new_tokens)
+    totals, groups = run(model, tokenizer, prompts, variants, args.max_new_tokens)
     for name, (tokens, seconds, steps, fed) in totals.items():
         print(f"{name:8s} decode {tokens / seconds:6.1f} tok/s  {tokens / max(steps, 1):.2f} "
               f"tokens/step  {fed / max(steps, 1):.2f} fed/step")
+    first = next(iter(variants))
+    for group in sorted({group for group, _ in groups}):
+        base = groups[(group, first)][0] / groups[(group, first)][1]
+        cells = [f"{name} {tokens / seconds:6.1f} ({tokens / seconds / base:.2f}x)"
+                 for name in variants for tokens, seconds in [groups[(group, name)]]]
+        print(f"{group[:16]:16s} " + "  ".join(cells))
     return 0
 
 

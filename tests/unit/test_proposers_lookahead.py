@@ -7,13 +7,8 @@ import torch
 
 from lookahead.config import LookaheadConfig, PromptLookupConfig
 from lookahead.proposers.base import Proposal, StepOutcome
-from lookahead.proposers.lookahead import (
-    DepthGauge,
-    LookaheadProposer,
-    NGramPool,
-    WindowGauge,
-    window_visibility,
-)
+from lookahead.proposers.gauges import SOURCE_PRIORS, DepthGauge, WindowGauge
+from lookahead.proposers.lookahead import LookaheadProposer, NGramPool, window_visibility
 from lookahead.proposers.prompt_lookup import CopyLength, PromptLookupProposer
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -155,25 +150,52 @@ def test_priced_depths_feed_while_the_expected_tokens_outgrow_the_cost():
         steep.record([([1, 2, 9, 9], "text")], fed=4, committed=[1, 2, 3])
     # rates ~1, ~1, ~0: e = 1 -> 2 -> 3 beats 1.0 -> 1.1 -> 1.25; the third token cannot pay
     assert steep.priced_depths([([1, 2, 9, 9], "text")]) == [2]
-    # Untried sources count at even odds: 1.5 / 1.1 > 1, 2 / 1.25 > 1.5 / 1.1, 2.5 / 1.45 > 2 / 1.25
-    assert steep.priced_depths([([4, 5, 6], "pool")]) == [3]
+    # Untried, unmeasured sources count at even odds: 1.5 / 1.1 > 1, 2 / 1.25 > 1.5 / 1.1,
+    # 2.5 / 1.45 > 2 / 1.25
+    assert steep.priced_depths([([4, 5, 6], "memory")]) == [3]
     steeper = DepthGauge(token_cost=0.2, step_costs=(1.0, 1.3, 1.7, 2.2))  # 2.5 / 2.2 < 2 / 1.7
-    assert steeper.priced_depths([([4, 5, 6], "pool")]) == [2]
+    assert steeper.priced_depths([([4, 5, 6], "memory")]) == [2]
     # A prefix already fed comes free; a second candidate pays only what the costs allow.
     assert steep.priced_depths([([1, 2, 9], "text"), ([1, 2, 7], "text")]) == [2, 2]
     flat = DepthGauge(token_cost=0.0, step_costs=(1.0,))  # tokens free: everything goes in
     assert flat.priced_depths([([1, 2, 3], "text"), ([4, 5], "pool")]) == [3, 2]
 
 
+def test_priced_depths_start_from_what_each_source_was_measured_to_be_worth():
+    """Priced, a fresh request's copies start near their measured rates, falling with depth,
+    and the pool's n-grams far below them; an unmeasured source at even odds; unpriced,
+    every depth is tried."""
+    priced = DepthGauge(token_cost=0.1, step_costs=(1.0, 1.0))
+    text = [priced.prior_of("text", d) for d in range(10)]
+    assert text[:6] == list(SOURCE_PRIORS["text"]) and text[6:] == [text[5]] * 4
+    assert text == sorted(text, reverse=True)
+    assert priced.prior_of("pool") < priced.prior_of("text1") < priced.prior_of("text")
+    assert priced.prior_of("memory", 3) == 0.5
+    assert DepthGauge(token_cost=0.1).prior_of("pool", 2) == 1.0
+    # SmolLM2-135M's curve here (8 tokens 1.45x one): a fresh copy goes in 5 deep and a pool
+    # n-gram not at all, where at even odds both went in whole.
+    costs = (1.0, 1.0, 1.08, 1.17, 1.22, 1.27, 1.36, 1.45)
+    copy, pooled = ([1, 2, 3, 4, 5, 6, 7, 8], "text"), ([6, 7, 8, 9], "pool")
+    fresh = DepthGauge(token_cost=0.05, step_costs=costs)
+    assert fresh.priced_depths([copy, pooled]) == [5, 0]
+    even = DepthGauge(token_cost=0.05, step_costs=costs)
+    even.priors = {}
+    assert even.priced_depths([copy, pooled]) == [8, 4]
+    # the rates move from there as the request's steps tell: copies right for 2 tokens
+    for _ in range(3):
+        fresh.record([copy], fed=5, committed=[1, 2, 7])
+    assert fresh.priced_depths([copy]) == [2]
+
+
 def test_priced_depth_gauge_counts_a_hit_only_past_the_candidates_before_it():
     gauge = DepthGauge(token_cost=0.2, step_costs=(1.0, 1.1))
-    gauge.record([([1, 2, 3], "text"), ([1, 2, 8], "pool"), ([1, 4], "window")], fed=5,
-                 committed=[1, 2, 3, 4])
-    # From even odds (0.5), a hit moves a rate to 0.75 and a miss to 0.25.
-    assert gauge._rates["text"] == [[0.75, 2], [0.75, 2], [0.75, 2]]
-    # The pool's first two tokens were right, but the copy already had them: no gain.
-    assert gauge._rates["pool"] == [[0.25, 2], [0.25, 2], [0.25, 2]]
-    assert gauge._rates["window"] == [[0.25, 2], [0.25, 2]]
+    gauge.record([([1, 2, 3], "memory"), ([1, 2, 8], "datastore"), ([1, 4], "other")],
+                 fed=5, committed=[1, 2, 3, 4])
+    # From even odds (0.5, sources not measured), a hit moves a rate to 0.75, a miss to 0.25.
+    assert gauge._rates["memory"] == [[0.75, 2], [0.75, 2], [0.75, 2]]
+    # The datastore's first two tokens were right, but the copy already had them: no gain.
+    assert gauge._rates["datastore"] == [[0.25, 2], [0.25, 2], [0.25, 2]]
+    assert gauge._rates["other"] == [[0.25, 2], [0.25, 2]]
     unpriced = DepthGauge(token_cost=0.2)  # the marginal rates, as before
     unpriced.record([([1, 2, 3], "text"), ([1, 2, 8], "pool")], fed=5, committed=[1, 2, 3, 4])
     assert unpriced._rates["pool"] == [[1.0, 2], [1.0, 2], [0.5, 2]]
@@ -227,6 +249,45 @@ def test_lookahead_window_stops_when_it_does_not_pay_and_keeps_its_levels():
     always = LookaheadProposer(LookaheadConfig(window=2, ngram=3, guess=2, token_cost=0.0))
     always.start(text)
     assert all(always.propose(text, max_tokens=4).branch is not None for _ in range(10))
+
+
+def _window_steps(proposer, text, steps, guess):
+    """Run ``steps`` steps whose window guesses ``guess`` everywhere and whose committed
+    token is never a guess; whether each step ran the window."""
+    branches = []
+    for step in range(steps):
+        proposal = proposer.propose(text, max_tokens=4)
+        branches.append(proposal.branch is not None)
+        logits = None
+        if proposal.branch is not None:
+            logits = torch.zeros(len(proposal.branch.logit_rows), 40)
+            logits[:, guess] = 1.0
+        text = text + [step + 10]
+        proposer.update(text, StepOutcome([step + 10], 0, logits))
+    return branches
+
+
+def test_priced_window_runs_from_the_first_step_only_where_it_pays():
+    """Priced on the step costs, the window is priced on its full levels: where they are
+    free it runs from the first step (no warm-up), where they cost more than its prior
+    gain (a CPU's curve) it never runs -- and where it runs but adds nothing, it stops."""
+    text = [5, 6, 7, 5, 6, 8, 5]
+    flat = LookaheadProposer(LookaheadConfig(window=2, ngram=3, guess=2, step_costs=(1.0,),
+                                             token_cost=0.0))
+    flat.start(text)
+    assert _window_steps(flat, text, 8, guess=9) == [True] * 8
+    # 4 window tokens at 0.1 each: (1 + 0.2) x 1.0 < 1 x 1.4
+    steep = LookaheadProposer(LookaheadConfig(window=2, ngram=3, guess=2,
+                                              step_costs=(1.0, 1.1, 1.2, 1.3, 1.4)))
+    steep.start(text)
+    assert _window_steps(steep, text, 20, guess=9) == [False] * 20
+    # a small step on a gentle curve: (1 + 0.2) x 1.0 >= 1 x 1.12 runs it, until its measured
+    # gain (nothing: its guesses never come) falls below 0.12
+    gentle = LookaheadProposer(LookaheadConfig(window=2, ngram=3, guess=2,
+                                               step_costs=(1.0, 1.03, 1.06, 1.09, 1.12)))
+    gentle.start(text)
+    runs = _window_steps(gentle, text, 12, guess=9)
+    assert runs[:3] == [True] * 3 and not any(runs[-4:]), runs
 
 
 def test_lookahead_proposer_feeds_nothing_when_the_step_holds_x0_alone():

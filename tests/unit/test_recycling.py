@@ -116,16 +116,16 @@ def test_a_shared_table_carries_the_models_predictions_across_requests(tiny_lm):
 
 
 def test_recycled_chains_start_from_their_measured_rates_where_priced():
-    """Priced on step costs, a recycled chain's depths start below the even chance the other
-    sources start from (a branch lower still); unpriced, every depth is tried at first."""
-    from lookahead.proposers.lookahead import RECYCLED_PRIORS, DepthGauge
+    """Priced on step costs, a recycled chain's depths start below a text copy's (a branch
+    lower still); unpriced, every depth is tried at first."""
+    from lookahead.proposers.gauges import SOURCE_PRIORS, DepthGauge
 
     priced = DepthGauge(0.1, step_costs=(1.0, 1.0, 1.0, 1.0))
-    assert priced.prior_of("recycled") == RECYCLED_PRIORS["recycled"] < priced.prior_of("text")
-    assert priced.prior_of("recycled@2.1") == RECYCLED_PRIORS["recycled@"]
+    assert priced.prior_of("recycled") == SOURCE_PRIORS["recycled"][0] < priced.prior_of("text")
+    assert priced.prior_of("recycled@2.1") == SOURCE_PRIORS["recycled@"][0]
     assert priced.prior_of("recycled@2.1") < priced.prior_of("recycled")
     # fed while the expected gain beats the cost: where a second token costs 1.3x, a text
-    # copy (even chance) goes in, a recycled branch (a tenth) does not
+    # copy (0.6) goes in, a recycled branch (a tenth) does not
     steep = DepthGauge(0.1, step_costs=(1.0, 1.3))
     assert steep.priced_depths([([5], "text")]) == [1]
     assert steep.priced_depths([([7], "recycled@1.1")]) == [0]

@@ -65,8 +65,8 @@ def test_the_proposer_feeds_more_once_its_passes_show_tokens_are_cheap():
                                           forward_tokens=size, seconds=0.03))
         if step < 3:  # plain passes too, as steps without candidates give
             proposer.update(text, StepOutcome([1, 9], 0, None, forward_tokens=1, seconds=0.03))
-    # At even odds 1.5 / 1.3 > 1 but 2 / 1.8 < 1.5 / 1.3: one token; then the rates and the
-    # measured costs take it to all three.
+    # At a copy's measured priors (0.6, 0.43) 1.6 / 1.3 > 1 but 2.03 / 1.8 < 1.6 / 1.3: one
+    # token; then the rates and the measured costs take it to all three.
     assert fed[0] == 1 and fed[-1] == 3, fed
     untimed = LookaheadProposer(config)  # the same steps, never timed: cut after two
     untimed.start(text)

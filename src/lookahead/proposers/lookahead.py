@@ -22,7 +22,6 @@ from __future__ import annotations
 import random
 from collections import OrderedDict
 from collections.abc import Sequence
-from types import MappingProxyType
 
 import torch
 
@@ -31,19 +30,14 @@ from lookahead.config import LookaheadConfig
 from lookahead.sources.datastore import Datastore
 from lookahead.sources.memory import TextMemory
 from lookahead.proposers.base import Proposal, ProposerInputs, StepOutcome
+from lookahead.proposers.gauges import DepthGauge, WindowGauge
 from lookahead.proposers.prompt_lookup import CopyLength, find_continuation, longest_match
 from lookahead.proposers.recycling import SuccessorTable
-from lookahead.proposers.step_clock import StepClock
 from lookahead.verify import argmax
 
 
 # How many successors the recycled tree takes at depths 1, 2, 3 (then the top one only).
 RECYCLE_BRANCHES = (4, 2, 2)
-# Where priced, what a recycled chain's depth starts from, as measured on SmolLM2's chat
-# prompts: its first token was right a third of the time, a branch's first 3-12 %. The even
-# chance other sources start from fed up to 6 chains of 6 tokens in a request's first steps,
-# which cost more than they returned on answers of a few tokens.
-RECYCLED_PRIORS = MappingProxyType({"recycled": 0.3, "recycled@": 0.1})
 
 
 class NGramPool:
@@ -103,166 +97,6 @@ def window_visibility(levels: int, window: int) -> torch.Tensor:
     return vis
 
 
-class WindowGauge:
-    """Whether the window pays for its tokens, measured on one request's steps.
-
-    Each step, the window's *gain* is how many more tokens the step's candidates would accept
-    than the candidates that do not come from the window alone (the text's n-grams and the
-    copy): with greedy decoding, the longest common prefix with the committed tokens. With
-    ``g`` and ``s`` the moving averages of that gain and of the tokens committed per step,
-    ``t`` the step's other tokens and ``b`` the window's, at ``token_cost`` ``k`` per token::
-
-        (s + g) / (1 + k (t + b)) >= s / (1 + k t)   <=>   g (1 + k t) >= k b s
-
-    and the window runs when that holds -- and every ``probe``-th step regardless, so that a
-    window that has stopped paying can show it pays again. The first ``warm_up`` steps of a
-    request run it too: its levels fill and its first n-grams get tried.
-    """
-
-    def __init__(self, token_cost: float, probe: int, warm_up: int,
-                 smoothing: float = 0.1) -> None:
-        self.token_cost = token_cost
-        self.probe = probe
-        self.warm_up = warm_up
-        self.smoothing = smoothing
-        self.gain = 0.0
-        self.committed = 0.0
-        self.steps = 0  # decisions taken
-        self.recorded = 0  # steps recorded
-
-    def wants_window(self, window_tokens: int, other_tokens: int) -> bool:
-        self.steps += 1
-        if self.steps <= self.warm_up or self.steps % self.probe == 0:
-            return True
-        k = self.token_cost
-        return self.gain * (1 + k * other_tokens) >= k * window_tokens * self.committed
-
-    def record(self, candidates: list[list[int]], from_text: list[bool],
-               committed: list[int]) -> None:
-        """One step: its candidates, which of them the text gave, and what it committed."""
-        reach = [_common_prefix(c, committed) for c in candidates]
-        gain = max(reach, default=0) - max(
-            (r for r, text in zip(reach, from_text) if text), default=0
-        )
-        # A plain mean of the first 1 / smoothing steps, a moving average after them.
-        self.recorded += 1
-        weight = max(self.smoothing, 1.0 / self.recorded)
-        self.gain += weight * (gain - self.gain)
-        self.committed += weight * (len(committed) - self.committed)
-
-
-class DepthGauge:
-    """How deep each source's candidates pay for their tokens, measured on one request's steps.
-
-    A candidate's token at depth d (the d-th after x0) adds a committed token only where the
-    candidate matches the committed text up to d. With ``q`` the rate at which a source's
-    candidates do, ``s`` the tokens committed per step and ``t`` the tokens a step feeds
-    besides x0, at ``token_cost`` ``k`` per token, one more token pays when::
-
-        (s + q) / (1 + k (t + 1)) >= s / (1 + k t)   <=>   q (1 + k t) >= k s
-
-    so a candidate is cut before its first depth whose rate falls short (``k = 0``: never). A
-    rate starts as one hit (every depth is tried at first), is a plain mean over its first
-    ``1 / smoothing`` steps and a moving average after them. It learns from the full candidate,
-    deeper than what was fed where the text tells: a copy cut after 4 tokens whose 5th matches
-    the 5th committed token scores at depth 5 too, so a cut depth can come back.
-    """
-
-    def __init__(self, token_cost: float, smoothing: float = 0.1,
-                 step_costs: tuple[float, ...] | None = None) -> None:
-        self.token_cost = token_cost
-        self.smoothing = smoothing
-        # the costs as this request's passes measure them, from the tuned ones (None: unpriced)
-        self.clock = None if step_costs is None else StepClock(step_costs, token_cost)
-        # A depth not yet seen counts as one hit (every depth is tried at first); priced on
-        # the step costs, as an even chance: replayed on HumanEval outputs, one hit fed too
-        # many tokens in a request's first steps.
-        self.prior = 1.0 if step_costs is None else 0.5
-        self.priors = {} if step_costs is None else dict(RECYCLED_PRIORS)
-        self._rates: dict[str, list[list[float]]] = {}  # source -> [rate, samples] per depth
-        self.committed = 1.0
-        self.fed = 0.0
-
-    def prior_of(self, source: str) -> float:
-        """The rate a depth of ``source``'s candidates starts from (a recycled branch's
-        by its kind: ``recycled@2.1`` is a ``recycled@`` one)."""
-        kind = source.partition("@")[0] + ("@" if "@" in source else "")
-        return self.priors.get(kind, self.prior)
-
-    def depth(self, source: str, length: int) -> int:
-        """How many of the first ``length`` tokens of a ``source`` candidate to feed."""
-        k = self.token_cost
-        bar = k * self.committed / (1 + k * self.fed)
-        rates = self._rates.get(source, ())
-        for d, (rate, _) in enumerate(rates[:length]):
-            if rate < bar:
-                return d
-        return length
-
-    def priced_depths(self, proposed: list[tuple[list[int], str]]) -> list[int]:
-        """How many tokens of each ``(candidate, source)`` to feed, priced on ``step_costs``
-        as this request's passes have measured them since (``StepClock``).
-
-        Candidates are taken in order, each token while the step's expected committed tokens
-        (1 + the rates of the tokens in so far) grow faster than its cost:
-        ``(e + q) / cost(t + 1) > e / cost(t)`` for a token at rate ``q`` that would make the
-        step ``t + 1`` tokens long. A prefix already in (the trie shares it) comes free.
-        """
-        expected, tokens, depths = 1.0, 1, []
-        fed: set[tuple[int, ...]] = set()
-        for candidate, source in proposed:
-            rates = self._rates.get(source, ())
-            depth = 0
-            while depth < len(candidate):
-                prefix = tuple(candidate[: depth + 1])
-                if prefix not in fed:
-                    rate = rates[depth][0] if depth < len(rates) else self.prior_of(source)
-                    if (expected + rate) * self.clock.cost(tokens) <= (
-                            expected * self.clock.cost(tokens + 1)):
-                        break
-                    expected, tokens = expected + rate, tokens + 1
-                    fed.add(prefix)
-                depth += 1
-            depths.append(depth)
-        return depths
-
-    def record(self, proposed: list[tuple[list[int], str]], fed: int,
-               committed: list[int]) -> None:
-        """One step: its full candidates with their sources, the tokens it fed besides x0 and
-        what it committed.
-
-        Priced on ``step_costs``, a token counts as a hit only where no candidate before it
-        reached as deep: the rates then add up to the tokens the step commits (the longest
-        reach), so a second candidate that mostly agrees with the first earns little."""
-        before = 0  # how deep the candidates so far reached
-        for candidate, source in proposed:
-            rates = self._rates.setdefault(source, [])
-            reach = _common_prefix(candidate, committed)
-            # Past a mismatch every depth missed; past a match as long as the committed text,
-            # the text does not tell yet.
-            known = len(candidate) if reach < len(committed) else reach
-            while len(rates) < known:
-                rates.append([self.prior_of(source), 1])
-            first = before if self.clock is not None else 0
-            for d in range(known):
-                entry = rates[d]
-                entry[1] += 1
-                hit = float(first <= d < reach)
-                entry[0] += max(self.smoothing, 1.0 / entry[1]) * (hit - entry[0])
-            before = max(before, reach)
-        self.committed += self.smoothing * (len(committed) - self.committed)
-        self.fed += self.smoothing * (fed - self.fed)
-
-
-def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
-
-
 class LookaheadProposer:
     """Per-request lookahead state: the Jacobi window and the n-gram pool.
 
@@ -286,7 +120,9 @@ class LookaheadProposer:
         self._copied: list[int] = []  # this step's copied continuation
         self._proposed: list[tuple[list[int], str]] = []  # this step's (candidate, source), uncut
         self._fed = 0  # tokens this step fed besides x0
+        self._expected = 1.0  # tokens this step's candidates are expected to commit (priced)
         self._judged = False
+        self._window_full = False  # the last step ran the window with its levels full
         self.gauge = self._new_gauge()
         self.depths = self._new_depths()
         self._visibility: dict[int, torch.Tensor] = {}
@@ -315,13 +151,16 @@ class LookaheadProposer:
             self.successors = SuccessorTable(self.config.recycle)
         self.gauge = self._new_gauge()
         self.depths = self._new_depths()
+        self._window_full = False
         # The first level is seeded with prompt tokens; the rest fill in over N - 2 steps.
         self.levels = [[self._random.choice(prompt) for _ in range(cfg.window)]]
 
     def _new_gauge(self) -> WindowGauge:
-        # The levels fill in N - 2 steps; then N steps try the window's first n-grams.
+        # Unpriced: the levels fill in N - 2 steps; then N steps try the window's first
+        # n-grams. Priced: the window runs when it pays, from the first step.
         cfg = self.config
-        return WindowGauge(cfg.token_cost, cfg.window_probe, warm_up=2 * cfg.levels)
+        return WindowGauge(cfg.token_cost, cfg.window_probe, warm_up=2 * cfg.levels,
+                           priced=cfg.step_costs is not None)
 
     def _new_depths(self) -> DepthGauge:
         return DepthGauge(self.config.token_cost, step_costs=self.config.step_costs)
@@ -349,10 +188,19 @@ class LookaheadProposer:
         candidates = [tokens for tokens in fed if tokens]
         self._fed = sum(map(len, candidates))
         branch = None
-        if self.gauge.wants_window(self.config.window * len(self.levels), 1 + self._fed):
+        if self._window_pays():
             branch = self._branch()
             self._fed += len(branch.tokens)
         return Proposal(candidates, branch=branch)
+
+    def _window_pays(self) -> bool:
+        """Whether the window runs this step: priced on the step costs, on what it costs once
+        its levels are full (it pays only then); else on the token cost."""
+        cfg = self.config
+        if self.depths.clock is None:
+            return self.gauge.wants_window(cfg.window * len(self.levels), 1 + self._fed)
+        return self.gauge.pays(self._expected, 1 + self._fed, cfg.window * cfg.levels,
+                               self.depths.clock)
 
     def _cut(self, proposed: list[tuple[list[int], str]]) -> list[list[int]]:
         """Each ``(tokens, source)`` cut to the depth that pays for it (whole with
@@ -361,7 +209,7 @@ class LookaheadProposer:
         if not self.config.trim_candidates:
             return [tokens for tokens, _ in proposed]
         if self.config.step_costs is not None:
-            depths = self.depths.priced_depths(proposed)
+            depths, self._expected, _ = self.depths.priced(proposed)
         else:
             depths = [self.depths.depth(source, len(tokens)) for tokens, source in proposed]
         return [tokens[:depth] for (tokens, _), depth in zip(proposed, depths)]
@@ -400,6 +248,7 @@ class LookaheadProposer:
             root_at = len(context) - len(outcome.committed) - 1  # x0's index in the text
             self.successors.record_tree(outcome.tree, outcome.tree_scores,
                                         context[root_at - 1] if root_at > 0 else None)
+        full = len(self.levels) == self.config.levels
         if outcome.branch_logits is not None:  # None when a busy server left the window out
             if self.successors is not None:
                 self.successors.record(self.levels[-1], outcome.branch_logits)
@@ -408,11 +257,16 @@ class LookaheadProposer:
             self.pool.add_all(context, start=self._pooled - self.config.ngram + 1)
         self._pooled = len(context)
         self.copy_length.judge(self._copied, outcome.committed)
-        if self._judged:
+        # Priced, the window's gain is measured only where it is running: the n-grams it
+        # gave last step are then in this step's candidates.
+        priced = self.depths.clock is not None
+        if self._judged and (self._window_full or not priced):
             self.gauge.record([tokens for tokens, _ in self._proposed],
                               [source != "window" for _, source in self._proposed],
                               outcome.committed)
+        if self._judged:
             self.depths.record(self._proposed, self._fed, outcome.committed)
+        self._window_full = full and outcome.branch_logits is not None
         if self.depths.clock is not None and outcome.seconds is not None:
             self.depths.clock.record(outcome.forward_tokens, outcome.seconds)
 

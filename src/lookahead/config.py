@@ -128,7 +128,8 @@ class LookaheadConfig:
         W x (N - 1) tokens at that price (``WindowGauge``, measured per request). 0 runs it at
         every step, as the paper does: right where a few more tokens are free, as on a GPU.
     window_probe: while the window does not pay, it still runs every this many steps, so that
-        its gain is measured again as the text changes.
+        its gain is measured again as the text changes (not where ``step_costs`` prices it:
+        there it runs only where its full levels pay, ``proposers.gauges.WindowGauge``).
     trim_candidates: cut each candidate (a copy, a pool n-gram) before the first depth at
         which candidates from its source are accepted too rarely to pay for the token at
         ``token_cost`` (``DepthGauge``, measured per request). False feeds them whole.

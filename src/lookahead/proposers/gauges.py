@@ -115,8 +115,9 @@ class DepthGauge:
         (s + q) / (1 + k (t + 1)) >= s / (1 + k t)   <=>   q (1 + k t) >= k s
 
     so a candidate is cut before its first depth whose rate falls short (``k = 0``: never). A
-    rate starts as one hit (every depth is tried at first), is a plain mean over its first
-    ``1 / smoothing`` steps and a moving average after them. It learns from the full candidate,
+    rate starts as one hit (every depth is tried at first; priced on step costs, at its
+    source's ``SOURCE_PRIORS``), is a plain mean over its first ``1 / smoothing`` steps and a
+    moving average after them. It learns from the full candidate,
     deeper than what was fed where the text tells: a copy cut after 4 tokens whose 5th matches
     the 5th committed token scores at depth 5 too, so a cut depth can come back.
     """

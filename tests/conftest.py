@@ -94,3 +94,27 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def private_profiles(tmp_path_factory):
+    """Tuned profiles and measured step costs go to a folder of the session's own, not the
+    user's cache: a profile or curve left there would change what a test measures, and the
+    curves of the tests' temporary models would pile up there. A test that points the user
+    cache elsewhere itself (``HOME``, ``XDG_CACHE_HOME``) keeps its own folder; the models
+    installed in the user cache are still found (only ``lookahead.profiles`` is pointed).
+    Commands a test runs in a subprocess still use the user's."""
+    from lookahead import profiles
+    from lookahead.models import registry
+
+    user = registry.default_cache_dir()
+    own = tmp_path_factory.mktemp("user-cache")
+
+    def cache_root():
+        root = registry.default_cache_dir()
+        return own if root == user else root
+
+    patch = pytest.MonkeyPatch()
+    patch.setattr(profiles, "default_cache_dir", cache_root)
+    yield own
+    patch.undo()

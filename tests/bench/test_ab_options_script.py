@@ -3,7 +3,7 @@ current one: the swap must reach ``generate`` and be undone after it."""
 
 from __future__ import annotations
 
-import importlib.util
+import runpy
 import shutil
 import subprocess
 from pathlib import Path
@@ -18,13 +18,6 @@ ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "benchmarks" / "ab_options.py"
 
 
-def _script():
-    spec = importlib.util.spec_from_file_location("ab_options", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def _in_git() -> bool:
     return shutil.which("git") is not None and subprocess.run(
         ["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True).returncode == 0
@@ -32,9 +25,9 @@ def _in_git() -> bool:
 
 @pytest.mark.skipif(not _in_git(), reason="needs the repository's git history")
 def test_a_revisions_proposer_decodes_while_swapped_in_and_is_swapped_out(tiny_lm):
-    ab = _script()
+    ab = runpy.run_path(str(SCRIPT))  # the script's globals; not run as __main__
     current = lookahead_proposer.LookaheadProposer
-    then = ab.proposer_at("HEAD")
+    then = ab["proposer_at"]("HEAD")
     assert then is not current and then.__module__.startswith("lookahead_at_")
     model = tiny_lm("llama")
     ids = torch.tensor([[3, 5, 7, 3, 5, 7, 3, 5]])
@@ -47,7 +40,7 @@ def test_a_revisions_proposer_decodes_while_swapped_in_and_is_swapped_out(tiny_l
         return original_build(cls, config, inputs)
 
     then.build = classmethod(recording_build)
-    with ab.proposer(then):
+    with ab["proposer"](then):
         assert lookahead_proposer.LookaheadProposer is then
         result = generate(model, ids, max_new_tokens=12, method="lookahead")
     assert lookahead_proposer.LookaheadProposer is current

@@ -45,9 +45,14 @@ from lookahead.models.load import load_model
 def proposer_at(revision: str) -> type:
     """``LookaheadProposer`` as git revision ``revision`` had it."""
     root = Path(__file__).resolve().parent.parent
-    source = subprocess.run(
+    shown = subprocess.run(
         ["git", "show", f"{revision}:src/lookahead/proposers/lookahead.py"], cwd=root,
-        check=True, capture_output=True, text=True).stdout
+        capture_output=True, text=True)
+    if shown.returncode != 0:
+        raise SystemExit(f"--variants: proposer_at {revision!r}: expected a git revision of "
+                         f"this repository with src/lookahead/proposers/lookahead.py "
+                         f"({shown.stderr.strip()})")
+    source = shown.stdout
     path = Path(tempfile.mkdtemp()) / f"lookahead_at_{revision}.py"
     path.write_text(source, encoding="utf-8")
     spec = importlib.util.spec_from_file_location(path.stem, path)

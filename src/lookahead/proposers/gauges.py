@@ -73,7 +73,7 @@ class WindowGauge:
         self.smoothing = smoothing
         # priced, the prior counts as one step recorded
         self.gain = WINDOW_PRIOR if priced else 0.0
-        self.committed = 1.0 if priced else 0.0
+        self.committed = 0.0
         self.steps = 0  # decisions taken
         self.recorded = 1 if priced else 0  # steps recorded
 
@@ -168,9 +168,9 @@ class DepthGauge:
         """
         return self.priced(proposed)[0]
 
-    def priced(self, proposed: list[tuple[list[int], str]]) -> tuple[list[int], float, int]:
-        """``(depths, expected, tokens)``: ``priced_depths``, the tokens the step is expected
-        to commit with them and the step's tokens, x0 included."""
+    def priced(self, proposed: list[tuple[list[int], str]]) -> tuple[list[int], float]:
+        """``(depths, expected)``: ``priced_depths`` and the tokens the step is expected to
+        commit with them."""
         expected, tokens, depths = 1.0, 1, []
         fed: set[tuple[int, ...]] = set()
         for candidate, source in proposed:
@@ -188,7 +188,7 @@ class DepthGauge:
                     fed.add(prefix)
                 depth += 1
             depths.append(depth)
-        return depths, expected, tokens
+        return depths, expected
 
     def record(self, proposed: list[tuple[list[int], str]], fed: int,
                committed: list[int]) -> None:

@@ -209,7 +209,7 @@ class LookaheadProposer:
         if not self.config.trim_candidates:
             return [tokens for tokens, _ in proposed]
         if self.config.step_costs is not None:
-            depths, self._expected, _ = self.depths.priced(proposed)
+            depths, self._expected = self.depths.priced(proposed)
         else:
             depths = [self.depths.depth(source, len(tokens)) for tokens, source in proposed]
         return [tokens[:depth] for (tokens, _), depth in zip(proposed, depths)]
@@ -259,12 +259,11 @@ class LookaheadProposer:
         self.copy_length.judge(self._copied, outcome.committed)
         # Priced, the window's gain is measured only where it is running: the n-grams it
         # gave last step are then in this step's candidates.
-        priced = self.depths.clock is not None
-        if self._judged and (self._window_full or not priced):
-            self.gauge.record([tokens for tokens, _ in self._proposed],
-                              [source != "window" for _, source in self._proposed],
-                              outcome.committed)
         if self._judged:
+            if self._window_full or self.depths.clock is None:
+                self.gauge.record([tokens for tokens, _ in self._proposed],
+                                  [source != "window" for _, source in self._proposed],
+                                  outcome.committed)
             self.depths.record(self._proposed, self._fed, outcome.committed)
         self._window_full = full and outcome.branch_logits is not None
         if self.depths.clock is not None and outcome.seconds is not None:

@@ -19,7 +19,8 @@ from lookahead.proposers.step_clock import StepClock
 
 # Where priced, what each source's tokens at depths 1, 2, ... start from (past the last, the
 # last): the rate at which a token there added a committed token that no candidate before it
-# reached, as `DepthGauge.record` counts them. Measured with greedy lookahead, 2 threads, on
+# reached, as `DepthGauge.record` counts them (`benchmarks/source_rates.py`). Measured with
+# greedy lookahead as it was before these priors (every depth at even odds), 2 threads, on
 # an Intel Xeon (2026-12-06): SmolLM2-135M on task-groups-12 (128 tokens) and
 # Qwen2.5-Coder-1.5B on chat-mix-11 (256 tokens), rounded between the two:
 #   text      0.56-0.65, 0.40-0.46, 0.34-0.35, 0.18-0.23, 0.09-0.16, then 0.03-0.16
@@ -29,7 +30,9 @@ from lookahead.proposers.step_clock import StepClock
 # and a recycled chain's first token a third of the time, a branch's 3-12 %. An even chance
 # for every depth (what an unmeasured source starts from) fed up to 29 tokens a step in a
 # request's first steps: on answers of a few tokens that cost more than it returned
-# (SmolLM2's RAG prompts decoded 0.92x autoregressive).
+# (SmolLM2's RAG prompts decoded 0.92x autoregressive). With these priors in place the
+# script gives SmolLM2's groups text 0.66, 0.34, 0.21, 0.17, 0.11, text1 0.22, 0.10, 0.03,
+# pool 0.04, 0.00 (the copies fed shorter, so fewer deep samples).
 SOURCE_PRIORS = MappingProxyType({
     "text": (0.6, 0.43, 0.35, 0.2, 0.12, 0.06),
     "text1": (0.2, 0.12, 0.06, 0.04, 0.02),

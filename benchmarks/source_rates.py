@@ -1,0 +1,77 @@
+"""How often each source's candidates were right, depth by depth: what ``SOURCE_PRIORS``
+(``lookahead.proposers.gauges``) starts a fresh request from.
+
+Greedy lookahead over a data set; for every step, per source and depth, whether the token
+there added a committed token that no candidate before it had reached -- the rule
+``DepthGauge.record`` counts hits by::
+
+    python benchmarks/source_rates.py --model smollm2-135m \\
+        --dataset benchmarks/task-groups-12.jsonl --limit 12 --max-new-tokens 128
+
+Prints a line per source: ``rate/samples`` at depths 1, 2, ...
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections import defaultdict
+
+import torch
+
+import lookahead.proposers.lookahead as lookahead_proposer
+from ab_options import proposer  # the script beside this one
+from lookahead import generate
+from lookahead.bench.datasets import encode_prompt, load_prompts
+from lookahead.models.load import load_model
+from lookahead.proposers.gauges import DepthGauge, _common_prefix
+
+
+def counting_proposer(totals: dict) -> type:
+    """``LookaheadProposer`` whose depth gauges also add every step to ``totals``
+    {(source kind, depth index): [hits, samples]}."""
+
+    class Counting(DepthGauge):
+        def record(self, proposed, fed, committed):
+            before = 0
+            for candidate, source in proposed:
+                reach = _common_prefix(candidate, committed)
+                known = len(candidate) if reach < len(committed) else reach
+                for d in range(known):
+                    entry = totals[(source.partition("@")[0], d)]
+                    entry[0] += before <= d < reach
+                    entry[1] += 1
+                before = max(before, reach)
+            super().record(proposed, fed, committed)
+
+    class Proposer(lookahead_proposer.LookaheadProposer):
+        def _new_depths(self):
+            return Counting(self.config.token_cost, step_costs=self.config.step_costs)
+
+    return Proposer
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default="smollm2-135m")
+    parser.add_argument("--dataset", default="benchmarks/task-groups-12.jsonl")
+    parser.add_argument("--limit", type=int, default=12)
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    model, tokenizer = load_model(args.model)[:2]
+    totals: dict = defaultdict(lambda: [0, 0])
+    with proposer(counting_proposer(totals)):
+        for prompt in load_prompts(args.dataset, limit=args.limit):
+            generate(model, encode_prompt(tokenizer, prompt), do_sample=False,
+                     max_new_tokens=args.max_new_tokens, method="lookahead")
+    for source in sorted({source for source, _ in totals}):
+        depths = sorted(d for s, d in totals if s == source)
+        print(f"{source:10s} " + " ".join(
+            f"{totals[(source, d)][0] / totals[(source, d)][1]:.2f}/{totals[(source, d)][1]}"
+            for d in depths))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -17,6 +17,15 @@ change to the proposer is measured against what it replaces in one process::
     python benchmarks/ab_options.py --variants \
         '{"before": {"proposer_at": "55db356"}, "after": {}}'
 
+A variant ``{"nontemporal": false}`` (or true) runs with the quantized kernel asking for the
+weights a step reads once as non-temporal or not (``QuantLinear``'s ``nontemporal``; the
+default follows the CPU), the same weights in one process; the step costs lookahead prices
+its candidates on are measured once, with the first variant's::
+
+    python benchmarks/ab_options.py --model qwen2.5-coder-1.5b \
+        --dataset benchmarks/chat-mix-11.jsonl --limit 11 --max-new-tokens 256 --variants \
+        '{"usual": {"method": "autoregressive", "nontemporal": false}, "nta": {"method": "autoregressive", "nontemporal": true}}'
+
 Prints a line per prompt and variant, then per variant the decode-only tok/s (new tokens
 after the first over the seconds after the first token: the prompt's prefill is the same
 for all), tokens per step and tokens fed per step, and per prompt group (the JSONL
@@ -39,6 +48,7 @@ import torch
 import lookahead.proposers.lookahead as lookahead_proposer
 from lookahead import SuccessorTable, generate
 from lookahead.bench.datasets import encode_prompt, load_prompts
+from lookahead.kernels.quant_linear import QuantLinear
 from lookahead.models.load import load_model
 
 
@@ -73,6 +83,27 @@ def proposer(cls: type | None):
         lookahead_proposer.LookaheadProposer = current
 
 
+@contextmanager
+def prefetch_hint(model, nontemporal: bool | None):
+    """Inside, every ``QuantLinear`` of ``model`` asks for the weights it reads once as
+    non-temporal or not (as they were if None)."""
+    layers = [m for m in model.modules() if isinstance(m, QuantLinear)]
+    if nontemporal is not None and not layers:
+        raise SystemExit("--variants: nontemporal: expected a model on the quantized kernel "
+                         "(a GGUF model on the CPU); this one has no QuantLinear layers")
+    before = [layer.nontemporal for layer in layers]
+    try:
+        if nontemporal is not None:
+            for layer in layers:
+                layer.nontemporal = bool(nontemporal)
+            model.to(model.device)  # the fused layers take their kernel calls again
+        yield
+    finally:
+        for layer, value in zip(layers, before):
+            layer.nontemporal = value
+        model.to(model.device)
+
+
 def run(model, tokenizer, prompts, variants: dict, max_new_tokens: int) -> dict:
     """{variant: [decode tokens, decode seconds, steps, fed tokens]} over ``prompts``, and
     {(group, variant): [tokens, seconds]}."""
@@ -88,9 +119,10 @@ def run(model, tokenizer, prompts, variants: dict, max_new_tokens: int) -> dict:
             opts = dict(opts)
             method = opts.pop("method", "lookahead")
             opts.pop("proposer_at", None)
+            hint = opts.pop("nontemporal", None)
             if opts.pop("share", False):
                 opts["successors"] = tables[name]
-            with proposer(classes.get(name)):
+            with proposer(classes.get(name)), prefetch_hint(model, hint):
                 stats = (result := generate(model, ids, max_new_tokens=max_new_tokens,
                                             method=method, do_sample=False, **opts)).stats
             group = groups.setdefault((prompt.category or prompt.id, name), [0, 0.0])
@@ -117,7 +149,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--variants", required=True,
-                        help='JSON: {"name": {generate keywords, "method": ..., "share": bool}}')
+                        help='JSON: {"name": {generate keywords, "method": ..., "share": bool, '
+                             '"proposer_at": REV, "nontemporal": bool}}')
     args = parser.parse_args(argv)
     variants = json.loads(args.variants)
     if not isinstance(variants, dict) or not all(isinstance(v, dict) for v in variants.values()):

@@ -46,3 +46,40 @@ def test_a_revisions_proposer_decodes_while_swapped_in_and_is_swapped_out(tiny_l
     assert lookahead_proposer.LookaheadProposer is current
     assert built == [then]  # the revision's proposer decoded, exactly
     assert torch.equal(result.new_tokens, plain.new_tokens)
+
+
+def test_a_prefetch_hint_reaches_the_kernel_calls_and_is_undone(tmp_path):
+    from gguf import GGMLQuantizationType as Q
+    from tiny_gguf import write_tiny_gguf
+
+    import lookahead
+    from lookahead.kernels.quant_linear import QuantLinear
+    from lookahead.kernels.row_ops import GatedMLP
+
+    path = write_tiny_gguf(tmp_path / "tiny.gguf", "llama", (Q.Q4_1, Q.Q8_0), hidden=64)
+    model, _ = lookahead.load_model(path, cache_dir=tmp_path)
+    if not any(m.isa for m in model.modules() if isinstance(m, QuantLinear)):
+        pytest.skip("the quantized kernel does not run here")
+    model.generation_config.eos_token_id = None
+    ab = runpy.run_path(str(SCRIPT))
+    layers = [m for m in model.modules() if isinstance(m, QuantLinear)]
+    mlps = [m for m in model.modules() if isinstance(m, GatedMLP)]
+    before = layers[0].nontemporal
+    ids = torch.tensor([[256, 3, 70, 71, 72, 3, 70, 71, 72]])
+    plain = generate(model, ids, max_new_tokens=10, method="autoregressive")
+    for hint in (True, False):
+        with ab["prefetch_hint"](model, hint):
+            assert all(layer.nontemporal is hint for layer in layers)
+            # the fused MLPs call the kernel with the hint (their bound calls' last argument)
+            assert all(args[-1] is hint for mlp in mlps for _, args in mlp._calls[1:])
+            result = generate(model, ids, max_new_tokens=10, method="lookahead")
+        assert torch.equal(result.new_tokens, plain.new_tokens)
+        assert all(layer.nontemporal is before for layer in layers)
+        assert all(args[-1] is before for mlp in mlps for _, args in mlp._calls[1:])
+
+
+def test_a_prefetch_hint_on_a_model_without_the_quantized_kernel_is_refused(tiny_lm):
+    ab = runpy.run_path(str(SCRIPT))
+    with pytest.raises(SystemExit, match="nontemporal: expected a model on the quantized"):
+        with ab["prefetch_hint"](tiny_lm("llama"), False):
+            pass

@@ -243,6 +243,51 @@ def test_kernel_rows_give_the_bits_of_one_row_passes(isa, qtype):
             assert torch.equal(together, expected), (rows, dtype)
 
 
+@needs_kernel
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("qtype", [qf.Q4_1, qf.Q4_K, qf.Q6_K, qf.Q8_0], ids=NAMES.get)
+def test_either_prefetch_hint_gives_the_reference_bits(isa, qtype):
+    """Records read once asked for as non-temporal or as usual: the speed may change, the
+    bits may not, for a decoding step's rows (one tile) and a prompt's (several)."""
+    fmt = qf.FORMATS[qtype]
+    x = torch.randn(21, 4 * fmt.block)
+    expected = None
+    for nontemporal in (True, False):
+        module = layer(qtype, 48, 4 * fmt.block, seed=5, kernel=True, isa=isa,
+                       nontemporal=nontemporal)
+        assert module.nontemporal is nontemporal
+        expected = module.reference(x) if expected is None else expected
+        for rows in (1, 4, 8, 21):
+            sums = module.kernel_sums(x[:rows])
+            assert torch.equal(sums.view(torch.int32), expected[:rows].view(torch.int32))
+        copied = module.first_outputs(32)  # a layer made from this one keeps the hint
+        assert copied.nontemporal is nontemporal
+
+
+def test_the_prefetch_hint_follows_the_cpu_vendor(monkeypatch):
+    assert ql.nontemporal_default("GenuineIntel") is False
+    assert ql.nontemporal_default("AuthenticAMD") is True
+    assert ql.nontemporal_default("") is True
+    monkeypatch.setattr(ql, "cpu_vendor", lambda: "GenuineIntel")
+    assert layer(qf.Q4_K, 16, 256).nontemporal is False
+    monkeypatch.setattr(ql, "cpu_vendor", lambda: "AuthenticAMD")
+    assert layer(qf.Q4_K, 16, 256).nontemporal is True
+
+
+def test_cpu_vendor_is_what_the_cpu_says():
+    vendor = ql.cpu_vendor()
+    assert isinstance(vendor, str)
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as info:
+            listed = [line.split(":", 1)[1].strip() for line in info
+                      if line.startswith("vendor_id")]
+    except OSError:
+        pytest.skip("no /proc/cpuinfo here")
+    if not listed:
+        pytest.skip("/proc/cpuinfo lists no vendor_id here")
+    assert vendor == listed[0]
+
+
 @settings(max_examples=20, deadline=None)
 @given(rows=st.integers(1, 9), blocks=st.integers(1, 4), seed=st.integers(0, 2**16))
 def test_q5_0_layers_hold_gguf_values_at_5_5_bits(rows, blocks, seed) -> None:

@@ -58,11 +58,15 @@ alignas(16) constexpr uint8_t kLevels[16] = {1, 24, 45, 63, 79, 93, 106, 118,
 constexpr int kGroup = 16;          // outputs per record
 // Bytes of records ahead to ask memory for. Without it, a pass of 8 rows over a Q4_K layer
 // read from memory took 1.8 times its time from cache (memory and arithmetic did not
-// overlap); with it, the same. Where one tile takes all the rows (decoding), the records
-// are asked for as non-temporal (prefetchnta), as each is read once a pass: fetched as
-// usual, a gigabyte of them pushed everything else out of the caches (the attention's keys,
-// the Python between the layers), which then ran several times slower. Where later tiles
-// read them again (a prompt), they are fetched as usual (docs/quantized-kernel.md).
+// overlap); with it, the same. Where one tile takes all the rows (decoding), each record is
+// read once a pass, and the caller says how to ask for it (``nontemporal``): on an AMD EPYC
+// (Zen 4), fetched as usual, a gigabyte of them pushed everything else out of the caches
+// (the attention's keys, the Python between the layers), which then ran several times
+// slower, so there they are asked for as non-temporal (prefetchnta); on an Intel Xeon
+// (Emerald Rapids), prefetchnta left the records out of L2 and a one-token pass of
+// Qwen2.5-Coder-1.5B Q4_K_M took 64 ms against 47 ms with prefetcht0, so there they are
+// fetched as usual. Where later tiles read them again (a prompt), they are fetched as usual
+// everywhere (docs/quantized-kernel.md).
 constexpr int64_t kAhead = 4096;
 
 inline int32_t load32(const void* p) { int32_t v; std::memcpy(&v, p, 4); return v; }
@@ -70,8 +74,9 @@ inline int32_t load32(const void* p) { int32_t v; std::memcpy(&v, p, 4); return 
 #include "quant_isa.h"   // struct V: the build's instructions; kRows, kTile
 
 // Where one call's rows are: xq at the block's first input of row 0, dx / xs at its first
-// scale / sub-sum, y at the group's first output of row 0; ld* step one row on. once: no
-// later tile of rows reads these records again (kAhead's note).
+// scale / sub-sum, y at the group's first output of row 0; ld* step one row on. once: ask
+// for the records as non-temporal, where no later tile of rows reads them again and the
+// caller asked for it (kAhead's note).
 struct Rows {
   const int8_t* xq; int64_t ldx;
   const float* dx; int64_t lddx;
@@ -82,9 +87,9 @@ struct Rows {
 
 inline I bcast(const int8_t* p) { return V::set1(load32(p)); }
 
-// Asks for the lines of [ahead + from, ahead + to) (nothing when ahead is null), as read
-// once or not (kAhead's note). An asm statement: GCC 12 dropped _mm_prefetch here as dead
-// code (no prefetch instruction in the build).
+// Asks for the lines of [ahead + from, ahead + to) (nothing when ahead is null), as
+// non-temporal (once) or not (kAhead's note). An asm statement: GCC 12 dropped _mm_prefetch
+// here as dead code (no prefetch instruction in the build).
 inline void prefetch_lines(const uint8_t* ahead, int64_t from, int64_t to, bool once) {
   if (ahead == nullptr) return;
   if (once) {
@@ -214,7 +219,7 @@ Format format_of(int64_t qtype) {
 
 // Groups [g0, g1) of 16 outputs: for each `step` blocks, every tile of up to `tile` rows reads
 // them (the first tile from memory, asking for the records kAhead bytes on; later tiles from
-// cache).
+// cache). all.once: ask for the records as non-temporal (one tile of all the rows only).
 template <int QT>
 void run_groups(int64_t g0, int64_t g1, const uint8_t* records, const Format& f, int64_t blocks,
                 const Rows& all, int64_t n, int64_t tile, int64_t distance) {
@@ -228,7 +233,7 @@ void run_groups(int64_t g0, int64_t g1, const uint8_t* records, const Format& f,
         const Rows a{all.xq + r * all.ldx + b * f.block, all.ldx,
                      all.dx + r * all.lddx + b, all.lddx,
                      all.xs + r * all.ldxs + b * subs, all.ldxs,
-                     all.y + r * all.ldy + g * kGroup, all.ldy, n <= tile};
+                     all.y + r * all.ldy + g * kGroup, all.ldy, all.once};
         const int64_t rows = std::min<int64_t>(tile, n - r);
         const bool ask = r == 0 && distance > 0;
         const uint8_t* ahead = ask ? rec + distance : nullptr;
@@ -306,12 +311,14 @@ void add_bias(torch::Tensor& y, const torch::Tensor& bias) {
 }  // namespace
 
 // x [..., I] float32 or bfloat16, records uint8 [G, blocks, record] -> [..., out_features] in
-// x's dtype, or the float32 sums [N, out_features] (before the bias) with float_output. The
+// x's dtype, or the float32 sums [N, out_features] (before the bias) with float_output;
+// tile: rows per weight read (0: kTile); distance: bytes of records ahead to prefetch;
+// nontemporal: records read once a pass asked for as non-temporal (kAhead's note). The
 // leading dimensions and the bias are handled here, not in Python: a decoding step calls this
 // about 200 times, and each Python-side reshape or add cost a microsecond or two.
 torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& records, int64_t qtype,
                      int64_t out_features, const c10::optional<torch::Tensor>& bias,
-                     bool float_output, int64_t tile, int64_t distance) {
+                     bool float_output, int64_t tile, int64_t distance, bool nontemporal) {
   const Format f = format_of(qtype);
   tile = tile == 0 ? kTile : tile;
   TORCH_CHECK(tile >= 1 && tile <= kRows, "tile: expected 1 to ", kRows, " rows, got ", tile);
@@ -335,7 +342,8 @@ torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& records, int64
                 dx.data_ptr<float>(), xs.data_ptr<int16_t>());
   torch::Tensor y = torch::empty({n, groups * kGroup}, x.options().dtype(torch::kFloat));
   const Rows all{xq.data_ptr<int8_t>(), width, dx.data_ptr<float>(), blocks,
-                 xs.data_ptr<int16_t>(), width / f.sub, y.data_ptr<float>(), groups * kGroup};
+                 xs.data_ptr<int16_t>(), width / f.sub, y.data_ptr<float>(), groups * kGroup,
+                 n <= tile && nontemporal};
   const auto* rec = records.data_ptr<uint8_t>();
   at::parallel_for(0, groups, 1, [&](int64_t g0, int64_t g1) {
     switch (qtype) {
@@ -381,10 +389,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.attr("isa") = kIsa;
   m.attr("rows") = kRows;
   m.attr("tile") = kTile;
+  m.attr("ahead") = kAhead;
   m.def("linear", &linear, "x @ W.T + b from GGUF blocks repacked by quant_formats.pack",
         py::arg("x"), py::arg("records"), py::arg("qtype"), py::arg("out_features"),
         py::arg("bias") = py::none(), py::arg("float_output") = false, py::arg("tile") = 0,
-        py::arg("distance") = kAhead);
+        py::arg("distance") = kAhead, py::arg("nontemporal") = true);
   m.def("quantize", &quantize, "the activations as linear quantizes them",
         py::arg("x"), py::arg("block"), py::arg("sub"));
 }

@@ -103,7 +103,8 @@ def private_profiles(tmp_path_factory):
     curves of the tests' temporary models would pile up there. A test that points the user
     cache elsewhere itself (``HOME``, ``XDG_CACHE_HOME``) keeps its own folder; the models
     installed in the user cache are still found (only ``lookahead.profiles`` is pointed).
-    Commands a test runs in a subprocess still use the user's."""
+    Commands run in a subprocess get a cache folder of their own where they are run
+    (``tests/cli/test_chat.py``)."""
     from lookahead import profiles
     from lookahead.models import registry
 

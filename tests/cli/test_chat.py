@@ -23,6 +23,19 @@ PROMPT = ">>>"
 TIMEOUT = 90  # starting Python with torch and transformers takes a few seconds, more when busy
 
 
+@pytest.fixture(scope="module", autouse=True)
+def private_cache(tmp_path_factory):
+    """The commands run here keep their cache (the step costs measured at first use) in a
+    folder of their own, not the user's; PyTorch's compiled kernels stay where they are."""
+    from torch.utils import cpp_extension
+
+    folder = tmp_path_factory.mktemp("cache-home")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("TORCH_EXTENSIONS_DIR", cpp_extension._get_build_directory("", False))
+        patch.setenv("XDG_CACHE_HOME", str(folder))
+        yield folder
+
+
 @pytest.fixture(scope="module")
 def tiny_folder(tmp_path_factory) -> Path:
     # A long context, so that an answer can run long enough to be interrupted.
@@ -50,7 +63,7 @@ def plain(text: str) -> str:
     return ANSI.sub("", text)
 
 
-def test_chat_streams_answers_with_stats_resets_and_quits(tiny_folder) -> None:
+def test_chat_streams_answers_with_stats_resets_and_quits(tiny_folder, private_cache) -> None:
     child = spawn_chat(tiny_folder, "--debug", "--max-new-tokens", "24")
     try:
         child.sendline("hello world")
@@ -77,6 +90,8 @@ def test_chat_streams_answers_with_stats_resets_and_quits(tiny_folder) -> None:
     finally:
         child.close(force=True)
     assert child.exitstatus == 0
+    # the step costs its lookahead measured at first use went to the private cache
+    assert list((private_cache / "lookahead" / "step_costs").glob("*tiny-chat*.json"))
 
 
 def test_ctrl_c_stops_the_answer_then_ctrl_c_at_the_prompt_leaves(tiny_folder) -> None:

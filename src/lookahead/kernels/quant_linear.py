@@ -62,6 +62,8 @@ def _cpu_features() -> dict[str, bool]:
     return dict(__cpu_features__)
 
 
+# Cached: every QuantLinear of a model asks, and /proc/cpuinfo runs long on a large machine.
+@functools.cache
 def cpu_vendor() -> str:
     """The CPU's vendor as the CPU names itself ("GenuineIntel", "AuthenticAMD"):
     /proc/cpuinfo's ``vendor_id`` on Linux, else what ``platform`` says ("" when neither)."""

@@ -91,12 +91,14 @@ def prefetch_hint(model, nontemporal: bool | None):
     if nontemporal is not None and not layers:
         raise SystemExit("--variants: nontemporal: expected a model on the quantized kernel "
                          "(a GGUF model on the CPU); this one has no QuantLinear layers")
+    if nontemporal is None:
+        yield
+        return
     before = [layer.nontemporal for layer in layers]
     try:
-        if nontemporal is not None:
-            for layer in layers:
-                layer.nontemporal = bool(nontemporal)
-            model.to(model.device)  # the fused layers take their kernel calls again
+        for layer in layers:
+            layer.nontemporal = bool(nontemporal)
+        model.to(model.device)  # the fused layers take their kernel calls again
         yield
     finally:
         for layer, value in zip(layers, before):
@@ -141,13 +143,20 @@ def run(model, tokenizer, prompts, variants: dict, max_new_tokens: int) -> dict:
     return totals, groups
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def decoding_arguments(description: str) -> argparse.ArgumentParser:
+    """A parser with the options of a decoding run over a data set: --model, --dataset,
+    --limit, --max-new-tokens, --threads (this script's and the scripts beside it)."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--dataset", default="benchmarks/task-groups-12.jsonl")
     parser.add_argument("--limit", type=int, default=12)
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--threads", type=int, default=2)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = decoding_arguments(__doc__.split("\n\n")[0])
     parser.add_argument("--variants", required=True,
                         help='JSON: {"name": {generate keywords, "method": ..., "share": bool, '
                              '"proposer_at": REV, "nontemporal": bool}}')

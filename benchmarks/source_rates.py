@@ -13,13 +13,12 @@ Prints a line per source: ``rate/samples`` at depths 1, 2, ...
 
 from __future__ import annotations
 
-import argparse
 from collections import defaultdict
 
 import torch
 
 import lookahead.proposers.lookahead as lookahead_proposer
-from ab_options import proposer  # the script beside this one
+from ab_options import decoding_arguments, proposer  # the script beside this one
 from lookahead import generate
 from lookahead.bench.datasets import encode_prompt, load_prompts
 from lookahead.models.load import load_model
@@ -51,13 +50,7 @@ def counting_proposer(totals: dict) -> type:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", default="smollm2-135m")
-    parser.add_argument("--dataset", default="benchmarks/task-groups-12.jsonl")
-    parser.add_argument("--limit", type=int, default=12)
-    parser.add_argument("--max-new-tokens", type=int, default=128)
-    parser.add_argument("--threads", type=int, default=2)
-    args = parser.parse_args(argv)
+    args = decoding_arguments(__doc__.split("\n\n")[0]).parse_args(argv)
     torch.set_num_threads(args.threads)
     model, tokenizer = load_model(args.model)[:2]
     totals: dict = defaultdict(lambda: [0, 0])

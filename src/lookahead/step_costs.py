@@ -15,6 +15,7 @@ Each request then moves the costs to what its own passes measure (``proposers.st
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import platform
@@ -32,6 +33,7 @@ from lookahead.attention import attention_mask, decoding_attention, mask_to
 from lookahead.cache import cache_keyword, new_cache
 from lookahead.config import LookaheadConfig
 from lookahead.kernels.packing import packing_of
+from lookahead.kernels.quant_linear import cpuinfo_field
 from lookahead.profiles import (
     DEFAULT_TOKEN_COST,
     STEP_KEY,
@@ -181,18 +183,13 @@ def step_cap_of(costs, tolerance: float = 0.01) -> int | None:
     return None if size == len(per_token) else size
 
 
+# Cached: each request prices its steps on a curve named by it, and the CPU does not change.
+@functools.cache
 def cpu_name() -> str:
     """This CPU's model name ("AMD EPYC 9R14"): /proc/cpuinfo's "model name" on Linux, else
     what ``platform`` says of the processor."""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as info:
-            for line in info:
-                key, _, value = line.partition(":")
-                if key.strip() == "model name" and value.strip():
-                    return value.strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine() or "cpu"
+    return (cpuinfo_field("model name") or platform.processor() or platform.machine()
+            or "cpu")
 
 
 def curve_path(model_name: str, dtype, device: str, kernel, cpu: str, threads: int,

@@ -27,6 +27,7 @@ import torch
 import transformers
 
 from lookahead.kernels import packing
+from lookahead.kernels.quant_linear import cpuinfo_field
 from lookahead.proposers.draft import check_draft_model
 from lookahead.bench import llamacpp, llamacpp_server
 from lookahead.bench.methods import (
@@ -364,14 +365,7 @@ def _describe(config: BenchConfig) -> dict:
 
 
 def _processor_name() -> str:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as handle:
-            for line in handle:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor()
+    return cpuinfo_field("model name") or platform.processor()
 
 
 def _label(dataset: str) -> str:

@@ -62,21 +62,27 @@ def _cpu_features() -> dict[str, bool]:
     return dict(__cpu_features__)
 
 
+def cpuinfo_field(name: str) -> str:
+    """The first non-empty value of the field ``name`` ("model name", "vendor_id") in
+    /proc/cpuinfo, or "" where there is none (not Linux, say)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as info:
+            for line in info:
+                key, _, value = line.partition(":")
+                if key.strip() == name and value.strip():
+                    return value.strip()
+    except OSError:
+        pass
+    return ""
+
+
 # Cached: every QuantLinear of a model asks, and /proc/cpuinfo runs long on a large machine.
 @functools.cache
 def cpu_vendor() -> str:
     """The CPU's vendor as the CPU names itself ("GenuineIntel", "AuthenticAMD"):
     /proc/cpuinfo's ``vendor_id`` on Linux, else what ``platform`` says ("" when neither)."""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as info:
-            for line in info:
-                key, _, value = line.partition(":")
-                if key.strip() == "vendor_id" and value.strip():
-                    return value.strip()
-    except OSError:
-        pass
-    processor = platform.processor()
-    return next((v for v in ("GenuineIntel", "AuthenticAMD") if v in processor), "")
+    return cpuinfo_field("vendor_id") or next(
+        (v for v in ("GenuineIntel", "AuthenticAMD") if v in platform.processor()), "")
 
 
 def nontemporal_default(vendor: str | None = None) -> bool:

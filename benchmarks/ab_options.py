@@ -87,17 +87,19 @@ def proposer(cls: type | None):
 def prefetch_hint(model, nontemporal: bool | None):
     """Inside, every ``QuantLinear`` of ``model`` asks for the weights it reads once as
     non-temporal or not (as they were if None)."""
-    layers = [m for m in model.modules() if isinstance(m, QuantLinear)]
-    if nontemporal is not None and not layers:
-        raise SystemExit("--variants: nontemporal: expected a model on the quantized kernel "
-                         "(a GGUF model on the CPU); this one has no QuantLinear layers")
     if nontemporal is None:
         yield
         return
+    if not isinstance(nontemporal, bool):
+        raise SystemExit(f"--variants: nontemporal: expected true or false, got {nontemporal!r}")
+    layers = [m for m in model.modules() if isinstance(m, QuantLinear)]
+    if not layers:
+        raise SystemExit("--variants: nontemporal: expected a model on the quantized kernel "
+                         "(a GGUF model on the CPU); this one has no QuantLinear layers")
     before = [layer.nontemporal for layer in layers]
     try:
         for layer in layers:
-            layer.nontemporal = bool(nontemporal)
+            layer.nontemporal = nontemporal
         model.to(model.device)  # the fused layers take their kernel calls again
         yield
     finally:

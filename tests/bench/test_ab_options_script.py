@@ -83,3 +83,10 @@ def test_a_prefetch_hint_on_a_model_without_the_quantized_kernel_is_refused(tiny
     with pytest.raises(SystemExit, match="nontemporal: expected a model on the quantized"):
         with ab["prefetch_hint"](tiny_lm("llama"), False):
             pass
+
+
+def test_a_prefetch_hint_that_is_not_true_or_false_is_refused(tiny_lm):
+    ab = runpy.run_path(str(SCRIPT))
+    with pytest.raises(SystemExit, match="nontemporal: expected true or false, got 'yes'"):
+        with ab["prefetch_hint"](tiny_lm("llama"), "yes"):
+            pass

@@ -274,6 +274,11 @@ def test_the_prefetch_hint_follows_the_cpu_vendor(monkeypatch):
     assert layer(qf.Q4_K, 16, 256).nontemporal is True
 
 
+def test_a_prefetch_hint_that_is_not_a_bool_is_refused():
+    with pytest.raises(ValueError, match="nontemporal: expected True, False or None, got 'no'"):
+        layer(qf.Q4_K, 16, 256, nontemporal="no")
+
+
 def test_cpu_vendor_is_what_the_cpu_says():
     vendor = ql.cpu_vendor()
     assert isinstance(vendor, str)

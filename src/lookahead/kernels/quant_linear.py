@@ -185,6 +185,8 @@ class QuantLinear(torch.nn.Module):
         if raw.shape[1] != row_bytes:
             raise ValueError(f"raw: expected {row_bytes} bytes a row for {in_features} "
                              f"{fmt.name} inputs, got {raw.shape[1]}")
+        if nontemporal is not None and not isinstance(nontemporal, bool):
+            raise ValueError(f"nontemporal: expected True, False or None, got {nontemporal!r}")
         if bias is not None and tuple(bias.shape) != (raw.shape[0],):
             raise ValueError(f"bias: expected shape ({raw.shape[0]},), got {tuple(bias.shape)}")
         self.qtype, self.in_features, self.out_features = qtype, in_features, raw.shape[0]
@@ -202,7 +204,7 @@ class QuantLinear(torch.nn.Module):
         self._linear = None if chosen is None else chosen.linear
         self.isa: str | None = None if chosen is None else chosen.isa
         self.tile = tile
-        self.nontemporal = nontemporal_default() if nontemporal is None else bool(nontemporal)
+        self.nontemporal = nontemporal_default() if nontemporal is None else nontemporal
         # the prefetch distance, passed on so that ``nontemporal`` can follow it
         self._ahead = None if chosen is None else chosen.ahead
 

@@ -1,9 +1,11 @@
 """How often each source's candidates were right, depth by depth: what ``SOURCE_PRIORS``
 (``lookahead.proposers.gauges``) starts a fresh request from.
 
-Greedy lookahead over a data set; for every step, per source and depth, whether the token
+Greedy lookahead over a data set, its prompts sharing one ``SuccessorTable`` as ``lookahead
+bench``'s and a server's requests do; for every step, per source and depth, whether the token
 there added a committed token that no candidate before it had reached -- the rule
-``DepthGauge.record`` counts hits by::
+``DepthGauge.record`` counts hits by. A recycled branch (``recycled@2.1``) counts as
+``recycled@``, as ``DepthGauge.prior_of`` takes it::
 
     python benchmarks/source_rates.py --model smollm2-135m \\
         --dataset benchmarks/task-groups-12.jsonl --limit 12 --max-new-tokens 128
@@ -19,10 +21,15 @@ import torch
 
 import lookahead.proposers.lookahead as lookahead_proposer
 from ab_options import decoding_arguments, proposer  # the script beside this one
-from lookahead import generate
+from lookahead import SuccessorTable, generate
 from lookahead.bench.datasets import encode_prompt, load_prompts
 from lookahead.models.load import load_model
 from lookahead.proposers.gauges import DepthGauge, _common_prefix
+
+
+def kind_of(source: str) -> str:
+    """The kind a source's rates are kept under in ``SOURCE_PRIORS``."""
+    return source.partition("@")[0] + ("@" if "@" in source else "")
 
 
 def counting_proposer(totals: dict) -> type:
@@ -36,7 +43,7 @@ def counting_proposer(totals: dict) -> type:
                 reach = _common_prefix(candidate, committed)
                 known = len(candidate) if reach < len(committed) else reach
                 for d in range(known):
-                    entry = totals[(source.partition("@")[0], d)]
+                    entry = totals[(kind_of(source), d)]
                     entry[0] += before <= d < reach
                     entry[1] += 1
                 before = max(before, reach)
@@ -54,10 +61,12 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     model, tokenizer = load_model(args.model)[:2]
     totals: dict = defaultdict(lambda: [0, 0])
+    table = SuccessorTable()
     with proposer(counting_proposer(totals)):
         for prompt in load_prompts(args.dataset, limit=args.limit):
             generate(model, encode_prompt(tokenizer, prompt), do_sample=False,
-                     max_new_tokens=args.max_new_tokens, method="lookahead")
+                     max_new_tokens=args.max_new_tokens, method="lookahead",
+                     successors=table)
     for source in sorted({source for source, _ in totals}):
         depths = sorted(d for s, d in totals if s == source)
         print(f"{source:10s} " + " ".join(

@@ -99,7 +99,7 @@ def test_recycled_predictions_are_kept_per_api_key_across_requests() -> None:
     model, tokenizer = server_llama(), server_tokenizer()
     ids = prompt_ids(6, 9)
     text, _ = expected(model, tokenizer, ids, 30, method="lookahead")
-    settings = ServerSettings(MODEL, "lookahead", {"recycle": 8}, api_keys=("ka", "kb"))
+    settings = ServerSettings(MODEL, "lookahead", api_keys=("ka", "kb"))  # on by default
     engine, server = served(settings, model=model, tokenizer=tokenizer)
     with server:
         state = server.server.config.app.state.lookahead
@@ -107,10 +107,18 @@ def test_recycled_predictions_are_kept_per_api_key_across_requests() -> None:
         rows = len(state.successors[0])
         a2 = _steps_of(server.url, "ka", prompt_ids(7, 9))
         tables = dict(state.successors)
+        # sampled: reproduced by its seed, so it recycles from a table of its own
+        body = {"model": MODEL, "prompt": ids[0].tolist(), "max_tokens": 20,
+                "temperature": 0.9, "seed": 3}
+        sampled = [httpx.post(server.url + "/v1/completions", json=body, timeout=60,
+                              headers={"Authorization": "Bearer kb"}).json()
+                   for _ in range(2)]
+        kb_rows = len(state.successors.get(1) or ())
     engine.stop()
     assert a1[1] == text and rows > 0
     assert set(tables) == {0} and len(tables[0]) >= rows  # kb sent nothing: no table
-    off = ServerSettings(MODEL, "lookahead")  # recycling off by default
+    assert sampled[0]["choices"] == sampled[1]["choices"] and kb_rows == 0
+    off = ServerSettings(MODEL, "lookahead", {"recycle": 0})
     engine, server = served(off, model=model, tokenizer=tokenizer)
     with server:
         assert _steps_of(server.url, "any", ids)[1] == text

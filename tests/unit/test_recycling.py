@@ -88,8 +88,8 @@ def test_lookahead_proposes_what_the_model_predicted_after_x0_last_time():
     assert proposer.successors.successors(40)[0] == 52
     candidates = proposer.propose([1, 2, 3, 50, 9, 3], max_tokens=4).candidates
     assert any(c[:1] == [50] for c in candidates)
-    off = LookaheadProposer(LookaheadConfig())  # off by default
-    assert off.successors is None
+    assert LookaheadProposer(LookaheadConfig()).successors.k == 8  # on by default
+    assert LookaheadProposer(LookaheadConfig(recycle=0)).successors is None
 
 
 def test_a_shared_table_carries_the_models_predictions_across_requests(tiny_lm):

@@ -10,8 +10,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_quant_linear import layer
 
-from lookahead.kernels.row_ops import (GatedMLP, RowRMSNorm, built_argmax, fuse_row_ops,
-                                       load_row_ops)
+from lookahead.kernels.row_ops import (GatedMLP, RowRMSNorm, built_argmax, built_top_k,
+                                       fuse_row_ops, load_row_ops)
+from lookahead.proposers.recycling import top_k
 from lookahead.verify import ARGMAX_BLOCK, argmax
 
 
@@ -127,3 +128,37 @@ def test_verify_argmax_takes_the_compiled_pass_once_the_row_ops_are_built():
     assert torch.equal(argmax(strided), strided.argmax(-1))
     with pytest.raises(RuntimeError, match="logits must be float32"):
         load_row_ops().argmax(torch.zeros(2, 5, dtype=torch.float64))
+
+
+@settings(max_examples=150, deadline=None)
+@given(rows=st.integers(1, 4), vocab=st.integers(1, 3 * 16 * 16 + 5), k=st.integers(1, 64),
+       levels=st.integers(1, 40), seed=st.integers(0, 2**31 - 1),
+       specials=st.lists(st.sampled_from(["nan", "inf", "-inf"]), max_size=3))
+def test_the_compiled_top_k_is_a_stable_descending_sort_with_nan_as_lowest(rows, vocab, k,
+                                                                           levels, seed,
+                                                                           specials):
+    k = min(k, vocab)
+    generator = torch.Generator().manual_seed(seed)
+    # few distinct values: many ties, which must come in the order of their indices
+    scores = torch.randint(0, levels, (rows, vocab), generator=generator).float()
+    for special in specials:
+        at = torch.randint(0, rows * vocab, (1,), generator=generator).item()
+        scores.view(-1)[at] = float(special)
+    inf = float("inf")
+    expected = torch.sort(scores.nan_to_num(nan=-inf, posinf=inf, neginf=-inf),
+                          dim=-1, descending=True, stable=True).indices[:, :k]
+    assert torch.equal(load_row_ops().top_k(scores, k), expected)
+
+
+def test_recycling_takes_the_compiled_top_k_once_built_and_bad_calls_are_refused():
+    load_row_ops()
+    assert built_top_k() is load_row_ops().top_k
+    scores = torch.randn(3, 1000)
+    assert torch.equal(top_k(scores, 8), torch.topk(scores, 8).indices)
+    assert torch.equal(top_k(scores.double(), 8), torch.topk(scores, 8).indices)  # torch's
+    with pytest.raises(RuntimeError, match="k must be in 1 .. min"):
+        load_row_ops().top_k(scores, 0)
+    with pytest.raises(RuntimeError, match="k must be in 1 .. min"):
+        load_row_ops().top_k(scores[:, :5], 6)
+    with pytest.raises(RuntimeError, match="scores must be float32"):
+        load_row_ops().top_k(scores.double(), 2)

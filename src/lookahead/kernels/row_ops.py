@@ -58,6 +58,15 @@ def built_argmax() -> Callable[[torch.Tensor], torch.Tensor] | None:
     return load_row_ops().argmax
 
 
+def built_top_k() -> Callable[[torch.Tensor, int], torch.Tensor] | None:
+    """The compiled top k (float32 [N, V], rows contiguous, and k in 1 .. min(V, 64) -> int64
+    [N, k], largest first; equal ones by index) where this process has already built the row
+    operations, else None (see :func:`built_argmax`)."""
+    if load_row_ops.cache_info().currsize == 0:
+        return None
+    return load_row_ops().top_k
+
+
 def row_ops_problem() -> str | None:
     """Why the row operations cannot be compiled here, or None when they can."""
     try:

@@ -16,7 +16,7 @@ import re
 import torch
 from jinja2 import TemplateError
 
-from lookahead.config import method_spec
+from lookahead.config import method_names, method_spec
 from lookahead.request import make_decoder
 from lookahead.controls import Controls
 from lookahead.models.load import chat_prompt
@@ -100,7 +100,10 @@ def decoders(engine, settings, body, input_ids: torch.Tensor, chat: bool,
     method, options = method_options(settings, body)
     if memory is not None and method == settings.method and method_spec(method).copies_text:
         options["memory"] = memory
-    if successors is not None and method_spec(method).recycles:
+    # A sampled text is reproduced by its seed: its draws follow its proposals, which a table
+    # other requests change would change; it recycles from a table of its own.
+    if (successors is not None and not options.get("do_sample")
+            and method in method_names() and method_spec(method).recycles):
         options["successors"] = successors
     vocab = _vocab_size(engine)
     try:  # checked once here, built again for every choice: Controls keeps per-text state

@@ -161,14 +161,16 @@ def test_draft_methods_without_a_draft_model_are_refused(capsys) -> None:
 
 def test_bench_memory_copies_earlier_answers_but_never_the_warm_up(tiny, tmp_path, capsys) -> None:
     """The same prompt twice: with --memory the second copies the first's answer; the first
-    runs as without memory (the warm-up, on the same prompt, left nothing behind)."""
+    runs as without memory (the warm-up, on the same prompt, left nothing behind). Recycling
+    is off: its table, shared across the prompts, would recall the answer too."""
     twice = tmp_path / "twice.jsonl"
     twice.write_text("".join(json.dumps({**BENCH_PROMPTS[1], "id": i}) + "\n" for i in ("a", "b")))
     steps = {}
     for flag in ((), ("--memory",)):
         out = tmp_path / f"out{len(flag)}"
         argv = bench_argv(tiny, "--dataset", str(twice), "--methods", "hf,lookahead,prompt_lookup",
-                           "--baseline-dtypes", "float64", "--no-plots", "--out", str(out), *flag)
+                           "--baseline-dtypes", "float64", "--no-plots", "--out", str(out),
+                           "--recycle", "0", *flag)
         assert main(argv) == 0
         results = json.loads((out / "results.json").read_text())
         assert results["config"]["options"]["memory"] is bool(flag)

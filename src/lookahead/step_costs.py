@@ -186,10 +186,20 @@ def step_cap_of(costs, tolerance: float = 0.01) -> int | None:
 # Cached: each request prices its steps on a curve named by it, and the CPU does not change.
 @functools.cache
 def cpu_name() -> str:
-    """This CPU's model name ("AMD EPYC 9R14"): /proc/cpuinfo's "model name" on Linux, else
-    what ``platform`` says of the processor."""
-    return (cpuinfo_field("model name") or platform.processor() or platform.machine()
-            or "cpu")
+    """This CPU's name ("AMD EPYC 9R14 (family 25, model 17)"): /proc/cpuinfo's "model name",
+    "cpu family" and "model" on Linux (``cpu_label``), else what ``platform`` says of the
+    processor."""
+    return cpu_label(cpuinfo_field("model name") or platform.processor() or platform.machine()
+                     or "cpu", cpuinfo_field("cpu family"), cpuinfo_field("model"))
+
+
+def cpu_label(name: str, family: str = "", model: str = "") -> str:
+    """``name`` with the CPU's family and model where known: a virtual machine often names
+    different CPUs alike ("Intel(R) Xeon(R) Processor" for models 167 and 207), and their step
+    costs differ, so a curve cached for one must not price the other."""
+    known = [f"{field} {value}" for field, value in (("family", family), ("model", model))
+             if value]
+    return f"{name} ({', '.join(known)})" if known else name
 
 
 def curve_path(model_name: str, dtype, device: str, kernel, cpu: str, threads: int,

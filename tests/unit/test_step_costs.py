@@ -7,9 +7,11 @@ import logging
 
 import pytest
 import torch
+from lookahead.kernels.quant_linear import cpuinfo_field
 from lookahead.profiles import step_costs_of
 from lookahead.step_costs import (
     MEASURED_TOKENS,
+    cpu_label,
     cpu_name,
     curve_path,
     measure_curve,
@@ -71,6 +73,18 @@ def test_the_cache_is_kept_per_cpu_and_thread_count(model, tmp_path) -> None:
         assert f"{threads}t" in path.name
     assert len(list((tmp_path / "step_costs").glob("*.json"))) == 3
     assert isinstance(cpu_name(), str) and cpu_name()
+
+
+def test_cpus_of_one_name_but_other_models_keep_their_own_curves(tmp_path) -> None:
+    name = "Intel(R) Xeon(R) Processor"
+    labels = [cpu_label(name, "6", "167"), cpu_label(name, "6", "207")]
+    assert labels == [f"{name} (family 6, model 167)", f"{name} (family 6, model 207)"]
+    assert len({curve_path("m", torch.float32, "cpu", None, label, 2, tmp_path)
+                for label in labels}) == 2
+    assert cpu_label(name) == name and cpu_label(name, model="17") == f"{name} (model 17)"
+    family, model = cpuinfo_field("cpu family"), cpuinfo_field("model")
+    assert cpu_name().endswith(f"(family {family}, model {model})" if family and model
+                               else "")
 
 
 def test_a_corrupt_cache_file_is_measured_again_with_a_warning(model, tmp_path, caplog) -> None:

@@ -27,7 +27,6 @@ import torch
 import transformers
 
 from lookahead.kernels import packing
-from lookahead.kernels.quant_linear import cpuinfo_field
 from lookahead.proposers.draft import check_draft_model
 from lookahead.bench import llamacpp, llamacpp_server
 from lookahead.bench.methods import (
@@ -51,7 +50,7 @@ from lookahead.models.load import load_model
 from lookahead.models.load import is_gguf_source
 from lookahead.kernels.choice import Kernel, as_kernel
 from lookahead.models.registry import AUTO_DTYPE, DEFAULT_MODEL, dtype_name, resolve_dtype
-from lookahead.step_costs import measured_shape
+from lookahead.step_costs import cpu_name, measured_shape
 
 logger = logging.getLogger(__name__)
 
@@ -359,13 +358,9 @@ def _describe(config: BenchConfig) -> dict:
         transformers=transformers.__version__,
         threads=torch.get_num_threads(),
         machine=platform.machine(),
-        processor=_processor_name(),
+        processor=cpu_name(),
     )
     return described
-
-
-def _processor_name() -> str:
-    return cpuinfo_field("model name") or platform.processor()
 
 
 def _label(dataset: str) -> str:

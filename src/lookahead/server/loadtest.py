@@ -172,9 +172,9 @@ async def _run(args, prompts: list[Prompt]) -> dict:
 def _environment(health: dict) -> dict:
     """Where the figures come from, for the plots' titles: this machine's CPU (the server's
     too where both run on it) and the server's threads if its /health reports them."""
-    from lookahead.bench.runner import _processor_name
+    from lookahead.step_costs import cpu_name  # torch only where a report is written
 
-    return {"processor": _processor_name(), "cpus": os.cpu_count(),
+    return {"processor": cpu_name(), "cpus": os.cpu_count(),
             "threads": health.get("threads")}
 
 

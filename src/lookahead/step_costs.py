@@ -33,7 +33,7 @@ from lookahead.attention import attention_mask, decoding_attention, mask_to
 from lookahead.cache import cache_keyword, new_cache
 from lookahead.config import LookaheadConfig
 from lookahead.kernels.packing import packing_of
-from lookahead.kernels.quant_linear import cpuinfo_field
+from lookahead.kernels.quant_linear import cpuinfo_fields
 from lookahead.profiles import (
     DEFAULT_TOKEN_COST,
     STEP_KEY,
@@ -189,8 +189,8 @@ def cpu_name() -> str:
     """This CPU's name ("AMD EPYC 9R14 (family 25, model 17)"): /proc/cpuinfo's "model name",
     "cpu family" and "model" on Linux (``cpu_label``), else what ``platform`` says of the
     processor."""
-    return cpu_label(cpuinfo_field("model name") or platform.processor() or platform.machine()
-                     or "cpu", cpuinfo_field("cpu family"), cpuinfo_field("model"))
+    name, family, model = cpuinfo_fields("model name", "cpu family", "model")
+    return cpu_label(name or platform.processor() or platform.machine() or "cpu", family, model)
 
 
 def cpu_label(name: str, family: str = "", model: str = "") -> str:

@@ -333,3 +333,9 @@ def test_the_kernel_takes_leading_dimensions_and_the_bias_itself():
     assert torch.equal(module(x[0, 0]), expected[0, 0])
     with pytest.raises(ValueError, match=r"x: expected \[\.\.\., 256\]"):
         module(torch.randn(2, 128))
+
+
+def test_several_cpuinfo_fields_read_at_once_are_each_field_alone():
+    names = ("model name", "vendor_id", "cpu family", "model", "no such field")
+    assert ql.cpuinfo_fields(*names) == tuple(ql.cpuinfo_field(name) for name in names)
+    assert ql.cpuinfo_fields("no such field") == ("",)

@@ -65,15 +65,24 @@ def _cpu_features() -> dict[str, bool]:
 def cpuinfo_field(name: str) -> str:
     """The first non-empty value of the field ``name`` ("model name", "vendor_id") in
     /proc/cpuinfo, or "" where there is none (not Linux, say)."""
+    return cpuinfo_fields(name)[0]
+
+
+def cpuinfo_fields(*names: str) -> tuple[str, ...]:
+    """``cpuinfo_field`` of each of ``names``, from one read of /proc/cpuinfo."""
+    found: dict[str, str] = {}
     try:
         with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as info:
             for line in info:
                 key, _, value = line.partition(":")
-                if key.strip() == name and value.strip():
-                    return value.strip()
+                key = key.strip()
+                if key in names and key not in found and value.strip():
+                    found[key] = value.strip()
+                    if len(found) == len(set(names)):
+                        break
     except OSError:
         pass
-    return ""
+    return tuple(found.get(name, "") for name in names)
 
 
 # Cached: every QuantLinear of a model asks, and /proc/cpuinfo runs long on a large machine.

@@ -38,6 +38,7 @@ from pathlib import Path
 from lookahead.argtypes import UsageError, int_in
 from lookahead.config import method_names
 from lookahead.bench.datasets import Prompt, load_prompts
+from lookahead.step_costs import cpu_name
 
 try:
     import httpx
@@ -172,8 +173,6 @@ async def _run(args, prompts: list[Prompt]) -> dict:
 def _environment(health: dict) -> dict:
     """Where the figures come from, for the plots' titles: this machine's CPU (the server's
     too where both run on it) and the server's threads if its /health reports them."""
-    from lookahead.step_costs import cpu_name  # torch only where a report is written
-
     return {"processor": cpu_name(), "cpus": os.cpu_count(),
             "threads": health.get("threads")}
 

@@ -26,6 +26,13 @@ its candidates on are measured once, with the first variant's::
         --dataset benchmarks/chat-mix-11.jsonl --limit 11 --max-new-tokens 256 --variants \
         '{"usual": {"method": "autoregressive", "nontemporal": false}, "nta": {"method": "autoregressive", "nontemporal": true}}'
 
+A variant ``{"ahead": 2048}`` runs with the kernel asking for the weights that many bytes
+ahead of its reads (``QuantLinear.ahead``; by default what ``lookahead.kernels.prefetch``
+measured for this model and CPU at load)::
+
+    python benchmarks/ab_options.py --model qwen2.5-coder-1.5b --dataset mtbench --limit 4 \
+        --max-new-tokens 128 --variants '{"ar2k": {"method": "autoregressive", "ahead": 2048}, "ar4k": {"method": "autoregressive", "ahead": 4096}}'
+
 Prints a line per prompt and variant, then per variant the decode-only tok/s (new tokens
 after the first over the seconds after the first token: the prompt's prefill is the same
 for all), tokens per step and tokens fed per step, and per prompt group (the JSONL
@@ -84,27 +91,31 @@ def proposer(cls: type | None):
 
 
 @contextmanager
-def prefetch_hint(model, nontemporal: bool | None):
+def prefetch_hint(model, nontemporal: bool | None, ahead: int | None = None):
     """Inside, every ``QuantLinear`` of ``model`` asks for the weights it reads once as
-    non-temporal or not (as they were if None)."""
-    if nontemporal is None:
+    non-temporal or not, and ``ahead`` bytes ahead of its reads (as they were if None)."""
+    if nontemporal is None and ahead is None:
         yield
         return
-    if not isinstance(nontemporal, bool):
+    if nontemporal is not None and not isinstance(nontemporal, bool):
         raise SystemExit(f"--variants: nontemporal: expected true or false, got {nontemporal!r}")
+    if ahead is not None and (not isinstance(ahead, int) or isinstance(ahead, bool)
+                              or ahead < 0):
+        raise SystemExit(f"--variants: ahead: expected bytes >= 0, got {ahead!r}")
     layers = [m for m in model.modules() if isinstance(m, QuantLinear)]
     if not layers:
         raise SystemExit("--variants: nontemporal: expected a model on the quantized kernel "
                          "(a GGUF model on the CPU); this one has no QuantLinear layers")
-    before = [layer.nontemporal for layer in layers]
+    before = [(layer.nontemporal, layer.ahead) for layer in layers]
     try:
         for layer in layers:
-            layer.nontemporal = nontemporal
+            layer.nontemporal = layer.nontemporal if nontemporal is None else nontemporal
+            layer.ahead = layer.ahead if ahead is None else ahead
         model.to(model.device)  # the fused layers take their kernel calls again
         yield
     finally:
-        for layer, value in zip(layers, before):
-            layer.nontemporal = value
+        for layer, (hint, distance) in zip(layers, before):
+            layer.nontemporal, layer.ahead = hint, distance
         model.to(model.device)
 
 
@@ -124,9 +135,10 @@ def run(model, tokenizer, prompts, variants: dict, max_new_tokens: int) -> dict:
             method = opts.pop("method", "lookahead")
             opts.pop("proposer_at", None)
             hint = opts.pop("nontemporal", None)
+            ahead = opts.pop("ahead", None)
             if opts.pop("share", False):
                 opts["successors"] = tables[name]
-            with proposer(classes.get(name)), prefetch_hint(model, hint):
+            with proposer(classes.get(name)), prefetch_hint(model, hint, ahead):
                 stats = (result := generate(model, ids, max_new_tokens=max_new_tokens,
                                             method=method, do_sample=False, **opts)).stats
             group = groups.setdefault((prompt.category or prompt.id, name), [0, 0.0])
@@ -161,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = decoding_arguments(__doc__.split("\n\n")[0])
     parser.add_argument("--variants", required=True,
                         help='JSON: {"name": {generate keywords, "method": ..., "share": bool, '
-                             '"proposer_at": REV, "nontemporal": bool}}')
+                             '"proposer_at": REV, "nontemporal": bool, "ahead": bytes}}')
     args = parser.parse_args(argv)
     variants = json.loads(args.variants)
     if not isinstance(variants, dict) or not all(isinstance(v, dict) for v in variants.values()):

@@ -15,10 +15,8 @@ Each request then moves the costs to what its own passes measure (``proposers.st
 
 from __future__ import annotations
 
-import functools
 import json
 import logging
-import platform
 import re
 import statistics
 import time
@@ -33,7 +31,7 @@ from lookahead.attention import attention_mask, decoding_attention, mask_to
 from lookahead.cache import cache_keyword, new_cache
 from lookahead.config import LookaheadConfig
 from lookahead.kernels.packing import packing_of
-from lookahead.kernels.quant_linear import cpuinfo_fields
+from lookahead.kernels.quant_linear import cpu_name
 from lookahead.profiles import (
     DEFAULT_TOKEN_COST,
     STEP_KEY,
@@ -55,8 +53,9 @@ MEASURED_REPEATS = 4
 # take ten times its time (two threads waiting on each other), and the first call must not.
 MEASURE_BUDGET = 5.0
 # 2: the quantized kernel's prefetch hint follows the CPU (about 1.4x on an Intel Xeon), so
-# curves measured before no longer price its steps.
-CURVE_VERSION = 2
+# curves measured before no longer price its steps. 3: its prefetch distance is measured per
+# CPU (``lookahead.kernels.prefetch``; a one-token pass 1.2x faster on a Xeon of model 167).
+CURVE_VERSION = 3
 # ``GenerationStats.shape_source`` of a shape priced on a measured curve: this, then its file.
 MEASURED_SOURCE = "measured"
 
@@ -181,25 +180,6 @@ def step_cap_of(costs, tolerance: float = 0.01) -> int | None:
     least = min(per_token)
     size = next(i for i, cost in enumerate(per_token, start=1) if cost <= least * (1 + tolerance))
     return None if size == len(per_token) else size
-
-
-# Cached: each request prices its steps on a curve named by it, and the CPU does not change.
-@functools.cache
-def cpu_name() -> str:
-    """This CPU's name ("AMD EPYC 9R14 (family 25, model 17)"): /proc/cpuinfo's "model name",
-    "cpu family" and "model" on Linux (``cpu_label``), else what ``platform`` says of the
-    processor."""
-    name, family, model = cpuinfo_fields("model name", "cpu family", "model")
-    return cpu_label(name or platform.processor() or platform.machine() or "cpu", family, model)
-
-
-def cpu_label(name: str, family: str = "", model: str = "") -> str:
-    """``name`` with the CPU's family and model where known: a virtual machine often names
-    different CPUs alike ("Intel(R) Xeon(R) Processor" for models 167 and 207), and their step
-    costs differ, so a curve cached for one must not price the other."""
-    known = [f"{field} {value}" for field, value in (("family", family), ("model", model))
-             if value]
-    return f"{name} ({', '.join(known)})" if known else name
 
 
 def curve_path(model_name: str, dtype, device: str, kernel, cpu: str, threads: int,

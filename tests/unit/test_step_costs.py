@@ -7,12 +7,10 @@ import logging
 
 import pytest
 import torch
-from lookahead.kernels.quant_linear import cpuinfo_field
+from lookahead.kernels.quant_linear import cpu_label, cpu_name, cpuinfo_field
 from lookahead.profiles import step_costs_of
 from lookahead.step_costs import (
     MEASURED_TOKENS,
-    cpu_label,
-    cpu_name,
     curve_path,
     measure_curve,
     measured_curve,

@@ -50,7 +50,9 @@ from lookahead.models.load import load_model
 from lookahead.models.load import is_gguf_source
 from lookahead.kernels.choice import Kernel, as_kernel
 from lookahead.models.registry import AUTO_DTYPE, DEFAULT_MODEL, dtype_name, resolve_dtype
-from lookahead.step_costs import cpu_name, measured_shape
+from lookahead.kernels.prefetch import prefetch_of
+from lookahead.kernels.quant_linear import cpu_name
+from lookahead.step_costs import measured_shape
 
 logger = logging.getLogger(__name__)
 
@@ -226,7 +228,7 @@ def _run_all(config: BenchConfig, loaded: _Loaded, prompts: dict,
                               memories.get(method), successors.get(method))
                 records.append(_record(dataset, prompt, method, dtype, input_ids, result))
                 tick(f"{dataset} {prompt.id} {method} ({dtype})")
-    return summarise(_describe(config), records)
+    return summarise(_describe(config, loaded), records)
 
 
 def _priced(config: BenchConfig, model) -> BenchConfig:
@@ -344,7 +346,7 @@ def _start_engines(config: BenchConfig, model, tokenizer) -> dict[str, object]:
     return engines
 
 
-def _describe(config: BenchConfig) -> dict:
+def _describe(config: BenchConfig, loaded: _Loaded) -> dict:
     """The settings and the machine, for ``results.json``."""
     described = asdict(config)
     described["methods"] = list(config.run_methods)
@@ -359,6 +361,9 @@ def _describe(config: BenchConfig) -> dict:
         threads=torch.get_num_threads(),
         machine=platform.machine(),
         processor=cpu_name(),
+        # bytes ahead each quantized model's kernel asks for its weights (measured per CPU)
+        prefetch={setting: prefetch_of(model) for setting, model in loaded.models.items()}
+        | ({"draft": prefetch_of(loaded.draft)} if loaded.draft is not None else {}),
     )
     return described
 

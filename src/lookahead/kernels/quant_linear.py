@@ -85,6 +85,25 @@ def cpuinfo_fields(*names: str) -> tuple[str, ...]:
     return tuple(found.get(name, "") for name in names)
 
 
+# Cached: each request prices its steps on a curve named by it, and the CPU does not change.
+@functools.cache
+def cpu_name() -> str:
+    """This CPU's name ("AMD EPYC 9R14 (family 25, model 17)"): /proc/cpuinfo's "model name",
+    "cpu family" and "model" on Linux (``cpu_label``), else what ``platform`` says of the
+    processor."""
+    name, family, model = cpuinfo_fields("model name", "cpu family", "model")
+    return cpu_label(name or platform.processor() or platform.machine() or "cpu", family, model)
+
+
+def cpu_label(name: str, family: str = "", model: str = "") -> str:
+    """``name`` with the CPU's family and model where known: a virtual machine often names
+    different CPUs alike ("Intel(R) Xeon(R) Processor" for models 167 and 207), and what
+    was measured on one (step costs, the prefetch distance) must not be taken for the other."""
+    known = [f"{field} {value}" for field, value in (("family", family), ("model", model))
+             if value]
+    return f"{name} ({', '.join(known)})" if known else name
+
+
 # Cached: every QuantLinear of a model asks, and /proc/cpuinfo runs long on a large machine.
 @functools.cache
 def cpu_vendor() -> str:
@@ -215,7 +234,7 @@ class QuantLinear(torch.nn.Module):
         self.tile = tile
         self.nontemporal = nontemporal_default() if nontemporal is None else nontemporal
         # the prefetch distance, passed on so that ``nontemporal`` can follow it
-        self._ahead = None if chosen is None else chosen.ahead
+        self.ahead = None if chosen is None else chosen.ahead
 
     @staticmethod
     def _choose_kernel(kernel: bool | None, isa: str | None) -> ModuleType | None:
@@ -236,7 +255,7 @@ class QuantLinear(torch.nn.Module):
             raise ValueError(f"x: expected [..., {self.in_features}], got {tuple(x.shape)}")
         if self._linear is not None:  # the kernel takes the leading dimensions and the bias
             return self._linear(x, self.records, self.qtype, self.out_features, self.bias,
-                                False, self.tile, self._ahead, self.nontemporal)
+                                False, self.tile, self.ahead, self.nontemporal)
         y = self.reference(x.reshape(-1, self.in_features))
         if self.bias is not None:
             y = y + self.bias
@@ -253,7 +272,7 @@ class QuantLinear(torch.nn.Module):
         if self._linear is None:
             return self.forward, ()
         return self._linear, (self.records, self.qtype, self.out_features, self.bias, False,
-                              self.tile, self._ahead, self.nontemporal)
+                              self.tile, self.ahead, self.nontemporal)
 
     def first_outputs(self, count: int) -> QuantLinear:
         """This layer cut to its first ``count`` outputs (a positive multiple of 16, at most
@@ -303,7 +322,7 @@ class QuantLinear(torch.nn.Module):
         if self._linear is None:
             raise RuntimeError("kernel_sums: this QuantLinear computes in PyTorch (no kernel)")
         return self._linear(rows, self.records, self.qtype, self.out_features, None, True,
-                            self.tile, self._ahead, self.nontemporal)
+                            self.tile, self.ahead, self.nontemporal)
 
     def reference(self, rows: torch.Tensor) -> torch.Tensor:
         """The kernel's float32 sums (before the bias), in PyTorch: rows [N, in_features]

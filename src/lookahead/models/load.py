@@ -36,7 +36,8 @@ from lookahead.kernels.grouped_attention import use_grouped_attention
 from lookahead.kernels.fused_attention import fuse_attention
 from lookahead.kernels.fused_layer import fuse_layers
 from lookahead.kernels.invariant_attention import invariant_attention, use_invariant_attention
-from lookahead.kernels.packing import check_packable_dtype, pack_weights
+from lookahead.kernels.packing import check_packable_dtype, pack_weights, packing_of
+from lookahead.kernels.prefetch import choose_prefetch
 from lookahead.kernels.row_ops import fuse_row_ops
 from lookahead.models.gguf import (
     dequantise_to_cache,
@@ -153,6 +154,10 @@ def load_model(
             pack_weights(model, kernel)
     if source.name != source.path:  # a hub GGUF: known by its hub name (tuned profiles key on it)
         model.name_or_path = source.name
+    if packing_of(model) is Kernel.QUANTIZED:  # this CPU's fastest weight prefetch, cached
+        root = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
+        distance, source_of = choose_prefetch(model, root)
+        logger.info("prefetch distance: %s (%s)", distance or "the kernel's", source_of)
     return model, tokenizer
 
 

@@ -38,7 +38,7 @@ from pathlib import Path
 from lookahead.argtypes import UsageError, int_in
 from lookahead.config import method_names
 from lookahead.bench.datasets import Prompt, load_prompts
-from lookahead.step_costs import cpu_name
+from lookahead.kernels.quant_linear import cpu_name
 
 try:
     import httpx

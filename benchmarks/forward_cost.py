@@ -15,7 +15,8 @@ every variant alike), medians:
 - ``quant``: every linear of a GGUF model (each layer's q, k, v, o, gate, up, down; not
   attention, not the output head) as ``QuantLinear``, for k token rows, beside the memory
   floor (the packed bytes over ``--bandwidth`` GB/s) and llama.cpp's small-batch curve
-  (llama-bench on this CPU). CPU ms is the process's: on a busy machine wall time waits.
+  (llama-bench on this CPU), for each ``--tiles`` and each prefetch distance of ``--ahead``
+  (``QuantLinear.ahead``). CPU ms is the process's: on a busy machine wall time waits.
 - ``torch-ops``: PyTorch's own int8 / int4 / bfloat16 / float32 products for one 8960 x 1536
   weight against ``QuantLinear`` Q4_K, k rows of float32.
 - ``step``: where a lookahead step's time goes besides the model's arithmetic: ``Decoder``'s
@@ -30,6 +31,8 @@ every variant alike), medians:
     PYTHONPATH=$PWD/src python -m lookahead install-model qwen2.5-coder-1.5b   # once, then
     PYTHONPATH=$PWD/src python benchmarks/forward_cost.py --times quant --rounds 5 \
         --tokens 1,2,4,6,8,12 --threads 1
+    python benchmarks/forward_cost.py --times quant --rounds 9 --tokens 1,2,4,8 --threads 2 \
+        --ahead 1024 2048 3072 4096 8192 --gguf ~/.cache/lookahead/gguf/qwen2.5-coder-1.5b.gguf
     PYTHONPATH=$PWD/src python benchmarks/forward_cost.py --times torch-ops --rounds 5 \
         --tokens 1,2,4,8 --threads 1
     python benchmarks/forward_cost.py --times step --threads 2      # --pyinstrument: call tree
@@ -93,6 +96,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     add("--gguf", type=Path, default=GGUF, help="quant, torch-ops: the GGUF file")
     add("--tiles", type=int, nargs="+", default=[0],
         help="quant: rows per weight read to try (0: the kernel's default)")
+    add("--ahead", type=int, nargs="+", default=[None],
+        help="quant: prefetch distances in bytes to try (default: the kernel's)")
     add("--layers", type=positive_int, help="quant: only the first layers")
     add("--bandwidth", type=float, default=33.0, help="quant: GB/s for the floor")
     add("--shape", type=shape_arg, default=(7, 5, 7), help="step: WxNxG")
@@ -284,32 +289,36 @@ def time_rounds(run, keys: list, args, repeat: int) -> tuple[dict, dict]:
 
 
 def time_quant(args) -> None:
-    """``--times quant``: every linear of the GGUF model for k rows, each tile setting."""
+    """``--times quant``: every linear of the GGUF model for k rows, each tile setting and
+    prefetch distance (``--ahead``)."""
     modules = load_linears(args.gguf, args.layers)
     size = sum(m.records.numel() for m in modules)
     floor = size / args.bandwidth / 1e6
     inputs = {k: {m.in_features: torch.randn(k, m.in_features) for m in modules}
               for k in args.tokens}
+    default = modules[0].ahead
 
-    def run(key: tuple[int, int]) -> None:
-        k, tile = key
+    def run(key: tuple[int, int, int | None]) -> None:
+        k, tile, ahead = key
         for m in modules:
-            m.tile = tile
+            m.tile, m.ahead = tile, default if ahead is None else ahead
             m(inputs[k][m.in_features])
 
-    keys = [(k, tile) for tile in args.tiles for k in args.tokens]
+    keys = [(k, tile, ahead) for ahead in args.ahead for tile in args.tiles
+            for k in args.tokens]
     times, cpu = time_rounds(run, keys, args, args.repeats)
     print(f"{len(modules)} linears, {size / 2**30:.3f} GiB packed, floor {floor:.1f} ms at "
           f"{args.bandwidth:g} GB/s; {torch.get_num_threads()} threads, "
           f"{modules[0].extra_repr().split(', ')[-1]}; {args.rounds} rounds")
-    print(" tile rows  median ms  (min - max)     x 1 row  llama.cpp  CPU ms")
-    for k, tile in keys:
-        med = statistics.median(times[k, tile])
-        one = statistics.median(times[args.tokens[0], tile])
+    print(" ahead tile rows  median ms  (min - max)     x 1 row  llama.cpp  CPU ms")
+    for k, tile, ahead in keys:
+        med = statistics.median(times[k, tile, ahead])
+        one = statistics.median(times[args.tokens[0], tile, ahead])
         ref = f"{LLAMA_CPP[k]:.1f}" if k in LLAMA_CPP else ""
-        print(f"{tile:5d} {k:4d}  {med:9.1f}  ({min(times[k, tile]):6.1f} - "
-              f"{max(times[k, tile]):6.1f})  {med / one:7.2f}  {ref:>9s}  "
-              f"{statistics.median(cpu[k, tile]):6.1f}")
+        shown = default if ahead is None else ahead
+        print(f"{shown:6d} {tile:4d} {k:4d}  {med:9.1f}  ({min(times[k, tile, ahead]):6.1f} - "
+              f"{max(times[k, tile, ahead]):6.1f})  {med / one:7.2f}  {ref:>9s}  "
+              f"{statistics.median(cpu[k, tile, ahead]):6.1f}")
 
 
 def torch_products(path: Path) -> dict:

@@ -48,6 +48,12 @@ def test_the_fastest_distance_is_kept_and_the_layers_left_as_they_were() -> None
         assert measured["seconds"][fastest] == pytest.approx(3 * rows * 1.0)
         assert measured["seconds"][4096] == pytest.approx(3 * rows * 1.3)
         assert all(layer.ahead == 4096 for layer in layers)
+    # Within TOLERANCE of the fastest, the shortest distance is kept.
+    clock = [0.0]
+    near = 1.0 + prefetch.TOLERANCE / 2
+    cost = {1024: 1.3, 2048: near, 3072: 1.0, 4096: 1.0}
+    layers = [Clocked(clock, cost) for _ in range(3)]
+    assert measure_distance(layers, clock=lambda: clock[0])["distance"] == 2048
 
 
 def test_bad_input_names_the_argument() -> None:

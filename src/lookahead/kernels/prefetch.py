@@ -3,8 +3,8 @@
 ``QuantLinear`` asks memory for the records ``ahead`` bytes before it multiplies them (the
 kernel's ``kAhead`` note). Which distance reads fastest depends on the CPU and on the model's
 layer sizes. On an Intel Xeon (family 6, model 167; 2026-12-07, 2 threads) the 196 linears of
-Qwen2.5-Coder-1.5B Q4_K_M took 36.5 ms for one token row at 2048 bytes against 44-47 ms at
-the kernel's 4096, while SmolLM2-135M's took 3.4 ms at 4096 against 3.6 ms at 2048
+Qwen2.5-Coder-1.5B Q4_K_M took 39.6 ms for one token row at 2048 bytes against 48.1 ms at
+the kernel's 4096, while SmolLM2-135M's took 4.1 ms at 4096 against 4.5 ms at 2048
 (docs/quantized-kernel.md). So the first load of a quantized model on a CPU times passes of
 one and of two rows through all of its linears at each of ``DISTANCES`` (alternating, the
 fastest of a few rounds: about 2 s for the 1.5B model), keeps the shortest distance within

@@ -26,6 +26,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import secrets
 import shutil
 import time
@@ -47,6 +48,26 @@ def temporary_name(target: Path) -> Path:
     a write still in progress; the random part keeps two writers of one process apart.
     """
     return target.parent / f".{target.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
+
+
+def safe_name(text: str, default: str) -> str:
+    """``text`` as a file name's part: runs of characters other than letters, digits, ".",
+    "_" and "-" become "_" ("Intel(R) Xeon(R)" -> "Intel_R_Xeon_R"); ``default`` if none
+    is left."""
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", text).strip("_.") or default
+
+
+def write_json(path: Path, record: dict) -> None:
+    """Write ``record`` as JSON to ``path`` atomically (a temporary, then renamed: a killed
+    write leaves no half a file), making its folder if need be.
+
+    Raises:
+        OSError: the folder or file cannot be written (a read-only cache, a full disk).
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = temporary_name(path)
+    tmp.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
+    tmp.replace(path)
 
 
 def _writer_pid(path: Path) -> int | None:

@@ -18,11 +18,11 @@ from __future__ import annotations
 import bisect
 import json
 import logging
-import re
 from collections.abc import Mapping
 from pathlib import Path
 from types import MappingProxyType
 
+from lookahead import cache_files
 from lookahead.config import LookaheadConfig, check_step_tokens, check_workload
 from lookahead.kernels.choice import Kernel, as_kernel
 from lookahead.models.registry import default_cache_dir, dtype_name
@@ -118,7 +118,7 @@ def profile_path(model_name: str, dtype, device: str = "cpu", cache_dir=None,
     ``as_kernel`` reads) has a profile, "-packed", "-stream"; plain weights (or None) none:
     their curves differ."""
     root = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
-    safe = re.sub(r"[^A-Za-z0-9._-]+", "_", str(model_name)).strip("_.") or "model"
+    safe = cache_files.safe_name(str(model_name), "model")
     kernel = as_kernel(packed, "packed") or Kernel.PLAIN
     packing = f"-{kernel.value}" if kernel is not Kernel.PLAIN else ""
     suffix = f"-{check_workload(workload)}" if workload is not None else ""

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 import statistics
 import time
 from collections.abc import Mapping
@@ -188,7 +187,7 @@ def curve_path(model_name: str, dtype, device: str, kernel, cpu: str, threads: i
     named as the model's tuning profile is (``profiles.profile_path``), and by the CPU's
     name and the thread count, both of which change the curve."""
     profile = profile_path(model_name, dtype, device, cache_dir, packed=kernel)
-    safe_cpu = re.sub(r"[^A-Za-z0-9._-]+", "_", cpu).strip("_.") or "cpu"
+    safe_cpu = cache_files.safe_name(cpu, "cpu")
     return profile.parent.parent / "step_costs" / f"{profile.stem}-{safe_cpu}-{threads}t.json"
 
 
@@ -274,12 +273,9 @@ def _read_curve(path: Path, setting: Mapping) -> dict | None:
 
 
 def _write_curve(path: Path, record: dict) -> None:
-    """Write ``record`` to ``path`` atomically (a killed write leaves no half a file)."""
+    """Write ``record`` to ``path`` atomically (``cache_files.write_json``)."""
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = cache_files.temporary_name(path)
-        tmp.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
-        tmp.replace(path)
+        cache_files.write_json(path, record)
     except OSError as error:  # a read-only cache: the curve still prices this call
         logger.warning("could not cache the step costs in %s (%s)", path, error)
 

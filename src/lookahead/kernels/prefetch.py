@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -121,10 +120,9 @@ def measure_distance(layers: Sequence[QuantLinear], distances: Sequence[int] = D
 
 def prefetch_path(model_name: str, cpu: str, threads: int, isa: str, cache_dir) -> Path:
     """``<cache_dir>/prefetch/<model>-<cpu>-<threads>t-<isa>.json``."""
-    def safe(text: str) -> str:
-        return re.sub(r"[^A-Za-z0-9._-]+", "_", text).strip("_.") or "x"
+    name = "-".join(cache_files.safe_name(part, "x") for part in (model_name, cpu))
     return (Path(cache_dir).expanduser() / "prefetch"
-            / f"{safe(model_name)}-{safe(cpu)}-{threads}t-{safe(isa)}.json")
+            / f"{name}-{threads}t-{cache_files.safe_name(isa, 'x')}.json")
 
 
 def choose_prefetch(model: torch.nn.Module, cache_dir, cpu: str | None = None,
@@ -178,9 +176,6 @@ def _read_choice(path: Path, setting: dict) -> int | None:
 def _write_choice(path: Path, record: dict) -> None:
     """Write ``record`` to ``path`` atomically; a read-only cache only logs a warning."""
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = cache_files.temporary_name(path)
-        tmp.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
-        tmp.replace(path)
+        cache_files.write_json(path, record)
     except OSError as error:
         logger.warning("could not cache the prefetch distance in %s (%s)", path, error)

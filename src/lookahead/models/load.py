@@ -36,7 +36,7 @@ from lookahead.kernels.grouped_attention import use_grouped_attention
 from lookahead.kernels.fused_attention import fuse_attention
 from lookahead.kernels.fused_layer import fuse_layers
 from lookahead.kernels.invariant_attention import invariant_attention, use_invariant_attention
-from lookahead.kernels.packing import check_packable_dtype, pack_weights, packing_of
+from lookahead.kernels.packing import check_packable_dtype, pack_weights
 from lookahead.kernels.prefetch import choose_prefetch
 from lookahead.kernels.row_ops import fuse_row_ops
 from lookahead.models.gguf import (
@@ -142,7 +142,9 @@ def load_model(
     resolve_dtype(dtype)  # a bad dtype fails before anything is downloaded
     kernel, quantized = _kernel_and_quantized(packed_weights, quantized)
     source = _resolve_source(name_or_path, local_files_only)
-    if _wants_quantized(_is_local_gguf(source.path), dtype, kernel, target, quantized):
+    on_quantized = _wants_quantized(_is_local_gguf(source.path), dtype, kernel, target,
+                                    quantized)
+    if on_quantized:
         compute = torch.float32 if dtype == AUTO_DTYPE else resolve_dtype(dtype)
         model, tokenizer = _load_quantized(source.path, compute, cache_dir)
         _use_quantized_kernels(model, compute, grouped_attention)
@@ -154,10 +156,9 @@ def load_model(
             pack_weights(model, kernel)
     if source.name != source.path:  # a hub GGUF: known by its hub name (tuned profiles key on it)
         model.name_or_path = source.name
-    if packing_of(model) is Kernel.QUANTIZED:  # this CPU's fastest weight prefetch, cached
-        root = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
-        distance, source_of = choose_prefetch(model, root)
-        logger.info("prefetch distance: %s (%s)", distance or "the kernel's", source_of)
+    if on_quantized:  # this CPU's fastest weight prefetch, measured once and cached
+        distance, measured = choose_prefetch(model, _cache_root(cache_dir))
+        logger.info("prefetch distance: %s (%s)", distance or "the kernel's", measured)
     return model, tokenizer
 
 
@@ -271,10 +272,15 @@ def _wants_quantized(gguf: bool, dtype, kernel: Kernel | None, target, quantized
     return True
 
 
+def _cache_root(cache_dir: str | Path | None) -> Path:
+    """``cache_dir`` with ``~`` expanded, or the default cache directory if None."""
+    return Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
+
+
 def _load_quantized(name_or_path, dtype: torch.dtype, cache_dir):
     from lookahead.models.quantized import load_quantized  # imports the kernel's module
 
-    root = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
+    root = _cache_root(cache_dir)
     name = os.fspath(name_or_path)
     key = name if is_bundled(name) else gguf_cache_key(Path(name).expanduser())
     return load_quantized(name, dtype, root, key)
@@ -284,7 +290,7 @@ def _load(
     name_or_path: str, dtype: torch.dtype, cache_dir: str | Path | None, *,
     local_files_only: bool = False,
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    root = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
+    root = _cache_root(cache_dir)
     if is_bundled(name_or_path):
         return _load_bundled(get_model_spec(name_or_path), dtype, root)
     path = Path(name_or_path).expanduser()

@@ -28,7 +28,8 @@ its candidates on are measured once, with the first variant's::
 
 A variant ``{"ahead": 2048}`` runs with the kernel asking for the weights that many bytes
 ahead of its reads (``QuantLinear.ahead``; by default what ``lookahead.kernels.prefetch``
-measured for this model and CPU at load)::
+measured for this model and CPU at load); with ``"near": 512`` too, it asks for them to L2
+that far ahead and to L1 512 bytes ahead (``QuantLinear.near``)::
 
     python benchmarks/ab_options.py --model qwen2.5-coder-1.5b --dataset mtbench --limit 4 \
         --max-new-tokens 128 --variants '{"ar2k": {"method": "autoregressive", "ahead": 2048}, "ar4k": {"method": "autoregressive", "ahead": 4096}}'
@@ -91,12 +92,17 @@ def proposer(cls: type | None):
 
 
 @contextmanager
-def prefetch_hint(model, nontemporal: bool | None, ahead: int | None = None):
+def prefetch_hint(model, nontemporal: bool | None, ahead: int | None = None,
+                  near: int | None = None):
     """Inside, every ``QuantLinear`` of ``model`` asks for the weights it reads once as
-    non-temporal or not, and ``ahead`` bytes ahead of its reads (as they were if None)."""
-    if nontemporal is None and ahead is None:
+    non-temporal or not, ``ahead`` bytes ahead of its reads, and where ``near`` is not 0,
+    those to L2 and to L1 ``near`` bytes ahead (each as it was if None)."""
+    if nontemporal is None and ahead is None and near is None:
         yield
         return
+    if near is not None and (not isinstance(near, int) or isinstance(near, bool)
+                             or near < 0):
+        raise SystemExit(f"--variants: near: expected bytes >= 0, got {near!r}")
     if nontemporal is not None and not isinstance(nontemporal, bool):
         raise SystemExit(f"--variants: nontemporal: expected true or false, got {nontemporal!r}")
     if ahead is not None and (not isinstance(ahead, int) or isinstance(ahead, bool)
@@ -106,16 +112,17 @@ def prefetch_hint(model, nontemporal: bool | None, ahead: int | None = None):
     if not layers:
         raise SystemExit("--variants: nontemporal: expected a model on the quantized kernel "
                          "(a GGUF model on the CPU); this one has no QuantLinear layers")
-    before = [(layer.nontemporal, layer.ahead) for layer in layers]
+    before = [(layer.nontemporal, layer.ahead, layer.near) for layer in layers]
     try:
         for layer in layers:
             layer.nontemporal = layer.nontemporal if nontemporal is None else nontemporal
             layer.ahead = layer.ahead if ahead is None else ahead
+            layer.near = layer.near if near is None else near
         model.to(model.device)  # the fused layers take their kernel calls again
         yield
     finally:
-        for layer, (hint, distance) in zip(layers, before):
-            layer.nontemporal, layer.ahead = hint, distance
+        for layer, (hint, distance, l1) in zip(layers, before):
+            layer.nontemporal, layer.ahead, layer.near = hint, distance, l1
         model.to(model.device)
 
 
@@ -135,10 +142,10 @@ def run(model, tokenizer, prompts, variants: dict, max_new_tokens: int) -> dict:
             method = opts.pop("method", "lookahead")
             opts.pop("proposer_at", None)
             hint = opts.pop("nontemporal", None)
-            ahead = opts.pop("ahead", None)
+            ahead, near = opts.pop("ahead", None), opts.pop("near", None)
             if opts.pop("share", False):
                 opts["successors"] = tables[name]
-            with proposer(classes.get(name)), prefetch_hint(model, hint, ahead):
+            with proposer(classes.get(name)), prefetch_hint(model, hint, ahead, near):
                 stats = (result := generate(model, ids, max_new_tokens=max_new_tokens,
                                             method=method, do_sample=False, **opts)).stats
             group = groups.setdefault((prompt.category or prompt.id, name), [0, 0.0])
@@ -173,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = decoding_arguments(__doc__.split("\n\n")[0])
     parser.add_argument("--variants", required=True,
                         help='JSON: {"name": {generate keywords, "method": ..., "share": bool, '
-                             '"proposer_at": REV, "nontemporal": bool, "ahead": bytes}}')
+                             '"proposer_at": REV, "nontemporal": bool, "ahead": bytes, "near": bytes}}')
     args = parser.parse_args(argv)
     variants = json.loads(args.variants)
     if not isinstance(variants, dict) or not all(isinstance(v, dict) for v in variants.values()):

@@ -32,7 +32,7 @@ every variant alike), medians:
     PYTHONPATH=$PWD/src python benchmarks/forward_cost.py --times quant --rounds 5 \
         --tokens 1,2,4,6,8,12 --threads 1
     python benchmarks/forward_cost.py --times quant --rounds 9 --tokens 1,2,4,8 --threads 2 \
-        --ahead 1024 2048 3072 4096 8192 --gguf ~/.cache/lookahead/gguf/qwen2.5-coder-1.5b.gguf
+        --ahead 1024 2048 3072 4096 8192 4096/512 --gguf ~/.cache/lookahead/gguf/qwen2.5-coder-1.5b.gguf
     PYTHONPATH=$PWD/src python benchmarks/forward_cost.py --times torch-ops --rounds 5 \
         --tokens 1,2,4,8 --threads 1
     python benchmarks/forward_cost.py --times step --threads 2      # --pyinstrument: call tree
@@ -68,6 +68,7 @@ from lookahead.cli.bench_args import (
     quiet_loading,
     shape_arg,
 )
+from lookahead.kernels.prefetch import Prefetch
 from lookahead.models.registry import AUTO_DTYPE, dtype_name
 
 TIMES = ("dtypes", "packing", "quant", "torch-ops", "step")
@@ -96,8 +97,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     add("--gguf", type=Path, default=GGUF, help="quant, torch-ops: the GGUF file")
     add("--tiles", type=int, nargs="+", default=[0],
         help="quant: rows per weight read to try (0: the kernel's default)")
-    add("--ahead", type=int, nargs="+", default=[None],
-        help="quant: prefetch distances in bytes to try (default: the kernel's)")
+    add("--ahead", type=prefetch_setting, nargs="+", default=[None],
+        help="quant: prefetch settings to try: bytes ahead to L1 (2048), or to L2 and to "
+             "L1 (4096/512) (default: the kernel's)")
     add("--layers", type=positive_int, help="quant: only the first layers")
     add("--bandwidth", type=float, default=33.0, help="quant: GB/s for the floor")
     add("--shape", type=shape_arg, default=(7, 5, 7), help="step: WxNxG")
@@ -288,6 +290,16 @@ def time_rounds(run, keys: list, args, repeat: int) -> tuple[dict, dict]:
     return wall, cpu
 
 
+def prefetch_setting(text: str) -> Prefetch:
+    """``--ahead``: "2048" (bytes ahead, to L1) or "4096/512" (to L2, and to L1)."""
+    try:
+        return Prefetch(*(int(part) for part in text.split("/", 1)))
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(
+            f"expected bytes ahead (2048) or L2/L1 bytes ahead (4096/512), got {text!r}: "
+            f"{error}") from None
+
+
 def time_quant(args) -> None:
     """``--times quant``: every linear of the GGUF model for k rows, each tile setting and
     prefetch distance (``--ahead``)."""
@@ -296,12 +308,13 @@ def time_quant(args) -> None:
     floor = size / args.bandwidth / 1e6
     inputs = {k: {m.in_features: torch.randn(k, m.in_features) for m in modules}
               for k in args.tokens}
-    default = modules[0].ahead
+    default = Prefetch(modules[0].ahead, modules[0].near)
 
-    def run(key: tuple[int, int, int | None]) -> None:
+    def run(key: tuple[int, int, Prefetch | None]) -> None:
         k, tile, ahead = key
+        setting = default if ahead is None else ahead
         for m in modules:
-            m.tile, m.ahead = tile, default if ahead is None else ahead
+            m.tile, m.ahead, m.near = tile, setting.ahead, setting.near
             m(inputs[k][m.in_features])
 
     keys = [(k, tile, ahead) for ahead in args.ahead for tile in args.tiles
@@ -310,13 +323,14 @@ def time_quant(args) -> None:
     print(f"{len(modules)} linears, {size / 2**30:.3f} GiB packed, floor {floor:.1f} ms at "
           f"{args.bandwidth:g} GB/s; {torch.get_num_threads()} threads, "
           f"{modules[0].extra_repr().split(', ')[-1]}; {args.rounds} rounds")
-    print(" ahead tile rows  median ms  (min - max)     x 1 row  llama.cpp  CPU ms")
+    print("    ahead tile rows  median ms  (min - max)     x 1 row  llama.cpp  CPU ms")
     for k, tile, ahead in keys:
         med = statistics.median(times[k, tile, ahead])
         one = statistics.median(times[args.tokens[0], tile, ahead])
         ref = f"{LLAMA_CPP[k]:.1f}" if k in LLAMA_CPP else ""
         shown = default if ahead is None else ahead
-        print(f"{shown:6d} {tile:4d} {k:4d}  {med:9.1f}  ({min(times[k, tile, ahead]):6.1f} - "
+        shown = f"{shown.ahead}/{shown.near}" if shown.near else str(shown.ahead)
+        print(f"{shown:>9s} {tile:4d} {k:4d}  {med:9.1f}  ({min(times[k, tile, ahead]):6.1f} - "
               f"{max(times[k, tile, ahead]):6.1f})  {med / one:7.2f}  {ref:>9s}  "
               f"{statistics.median(cpu[k, tile, ahead]):6.1f}")
 

@@ -54,7 +54,8 @@ MEASURE_BUDGET = 5.0
 # 2: the quantized kernel's prefetch hint follows the CPU (about 1.4x on an Intel Xeon), so
 # curves measured before no longer price its steps. 3: its prefetch distance is measured per
 # CPU (``lookahead.kernels.prefetch``; a one-token pass 1.2x faster on a Xeon of model 167).
-CURVE_VERSION = 3
+# 4: it may ask for them to L2 far ahead and to L1 near (passes of two rows 1.15x faster there).
+CURVE_VERSION = 4
 # ``GenerationStats.shape_source`` of a shape priced on a measured curve: this, then its file.
 MEASURED_SOURCE = "measured"
 

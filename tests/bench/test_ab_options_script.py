@@ -70,12 +70,19 @@ def test_a_prefetch_hint_reaches_the_kernel_calls_and_is_undone(tmp_path):
     for hint in (True, False):
         with ab["prefetch_hint"](model, hint):
             assert all(layer.nontemporal is hint for layer in layers)
-            # the fused MLPs call the kernel with the hint (their bound calls' last argument)
-            assert all(args[-1] is hint for mlp in mlps for _, args in mlp._calls[1:])
+            # the fused MLPs call the kernel with the hint (their bound calls' 8th argument)
+            assert all(args[7] is hint for mlp in mlps for _, args in mlp._calls[1:])
             result = generate(model, ids, max_new_tokens=10, method="lookahead")
         assert torch.equal(result.new_tokens, plain.new_tokens)
         assert all(layer.nontemporal is before for layer in layers)
-        assert all(args[-1] is before for mlp in mlps for _, args in mlp._calls[1:])
+        assert all(args[7] is before for mlp in mlps for _, args in mlp._calls[1:])
+    # the far and near prefetch distances reach the kernel calls too, and are undone
+    with ab["prefetch_hint"](model, None, 4096, 512):
+        assert {(layer.ahead, layer.near) for layer in layers} == {(4096, 512)}
+        assert all(args[6:] == (4096, before, 512) for mlp in mlps for _, args in mlp._calls[1:])
+        result = generate(model, ids, max_new_tokens=10, method="lookahead")
+    assert torch.equal(result.new_tokens, plain.new_tokens)
+    assert all(layer.near == 0 for layer in layers)
 
 
 def test_a_prefetch_hint_on_a_model_without_the_quantized_kernel_is_refused(tiny_lm):

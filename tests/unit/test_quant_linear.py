@@ -257,11 +257,13 @@ def test_either_prefetch_hint_gives_the_reference_bits(isa, qtype):
                        nontemporal=nontemporal)
         assert module.nontemporal is nontemporal
         expected = module.reference(x) if expected is None else expected
-        for rows in (1, 4, 8, 21):
-            sums = module.kernel_sums(x[:rows])
-            assert torch.equal(sums.view(torch.int32), expected[:rows].view(torch.int32))
-        copied = module.first_outputs(32)  # a layer made from this one keeps the hint
-        assert copied.nontemporal is nontemporal
+        for near in (0, 512):  # to L1 alone, or to L2 at 4096 bytes and to L1 at 512
+            module.ahead, module.near = 4096, near
+            for rows in (1, 4, 8, 21):
+                sums = module.kernel_sums(x[:rows])
+                assert torch.equal(sums.view(torch.int32), expected[:rows].view(torch.int32))
+        copied = module.first_outputs(32)  # a layer made from this one keeps the hints
+        assert copied.nontemporal is nontemporal and (copied.ahead, copied.near) == (4096, 512)
 
 
 def test_the_prefetch_hint_follows_the_cpu_vendor(monkeypatch):

@@ -361,11 +361,17 @@ def _describe(config: BenchConfig, loaded: _Loaded) -> dict:
         threads=torch.get_num_threads(),
         machine=platform.machine(),
         processor=cpu_name(),
-        # bytes ahead each quantized model's kernel asks for its weights (measured per CPU)
-        prefetch={setting: prefetch_of(model) for setting, model in loaded.models.items()}
-        | ({"draft": prefetch_of(loaded.draft)} if loaded.draft is not None else {}),
+        # where each quantized model's kernel asks for its weights (measured per CPU)
+        prefetch={setting: _prefetch_label(model) for setting, model in loaded.models.items()}
+        | ({"draft": _prefetch_label(loaded.draft)} if loaded.draft is not None else {}),
     )
     return described
+
+
+def _prefetch_label(model) -> str | None:
+    """``prefetch_of(model)`` as results.json keeps it ("2048", "4096 to L2, 512 to L1")."""
+    setting = prefetch_of(model)
+    return None if setting is None else str(setting)
 
 
 def _label(dataset: str) -> str:

@@ -233,8 +233,10 @@ class QuantLinear(torch.nn.Module):
         self.isa: str | None = None if chosen is None else chosen.isa
         self.tile = tile
         self.nontemporal = nontemporal_default() if nontemporal is None else nontemporal
-        # the prefetch distance, passed on so that ``nontemporal`` can follow it
+        # the prefetch distances, passed on so that ``nontemporal`` can follow them: ``ahead``
+        # bytes on, and where ``near`` is not 0, to L2 there and to L1 ``near`` bytes on
         self.ahead = None if chosen is None else chosen.ahead
+        self.near = 0
 
     @staticmethod
     def _choose_kernel(kernel: bool | None, isa: str | None) -> ModuleType | None:
@@ -255,7 +257,7 @@ class QuantLinear(torch.nn.Module):
             raise ValueError(f"x: expected [..., {self.in_features}], got {tuple(x.shape)}")
         if self._linear is not None:  # the kernel takes the leading dimensions and the bias
             return self._linear(x, self.records, self.qtype, self.out_features, self.bias,
-                                False, self.tile, self.ahead, self.nontemporal)
+                                False, self.tile, self.ahead, self.nontemporal, self.near)
         y = self.reference(x.reshape(-1, self.in_features))
         if self.bias is not None:
             y = y + self.bias
@@ -272,7 +274,7 @@ class QuantLinear(torch.nn.Module):
         if self._linear is None:
             return self.forward, ()
         return self._linear, (self.records, self.qtype, self.out_features, self.bias, False,
-                              self.tile, self.ahead, self.nontemporal)
+                              self.tile, self.ahead, self.nontemporal, self.near)
 
     def first_outputs(self, count: int) -> QuantLinear:
         """This layer cut to its first ``count`` outputs (a positive multiple of 16, at most
@@ -308,9 +310,11 @@ class QuantLinear(torch.nn.Module):
         row_bytes = self.in_features // fmt.block * fmt.type_size
         count = records.shape[0] * quant_formats.LANES if bias is None else bias.shape[0]
         shape_only = torch.empty(1, row_bytes, dtype=torch.uint8).expand(count, row_bytes)
-        return QuantLinear(shape_only, self.qtype, self.in_features, bias,
-                           kernel=self._linear is not None, isa=self.isa, tile=self.tile,
-                           records=records, nontemporal=self.nontemporal)
+        layer = QuantLinear(shape_only, self.qtype, self.in_features, bias,
+                            kernel=self._linear is not None, isa=self.isa, tile=self.tile,
+                            records=records, nontemporal=self.nontemporal)
+        layer.ahead, layer.near = self.ahead, self.near
+        return layer
 
     def kernel_sums(self, rows: torch.Tensor) -> torch.Tensor:
         """The compiled kernel's float32 sums (before the bias): rows [N, in_features] ->
@@ -322,7 +326,7 @@ class QuantLinear(torch.nn.Module):
         if self._linear is None:
             raise RuntimeError("kernel_sums: this QuantLinear computes in PyTorch (no kernel)")
         return self._linear(rows, self.records, self.qtype, self.out_features, None, True,
-                            self.tile, self.ahead, self.nontemporal)
+                            self.tile, self.ahead, self.nontemporal, self.near)
 
     def reference(self, rows: torch.Tensor) -> torch.Tensor:
         """The kernel's float32 sums (before the bias), in PyTorch: rows [N, in_features]

@@ -157,8 +157,8 @@ def load_model(
     if source.name != source.path:  # a hub GGUF: known by its hub name (tuned profiles key on it)
         model.name_or_path = source.name
     if on_quantized:  # this CPU's fastest weight prefetch, measured once and cached
-        distance, measured = choose_prefetch(model, _cache_root(cache_dir))
-        logger.info("prefetch distance: %s (%s)", distance or "the kernel's", measured)
+        setting, measured = choose_prefetch(model, _cache_root(cache_dir))
+        logger.info("prefetch: %s (%s)", setting or "the kernel's", measured)
     return model, tokenizer
 
 

@@ -50,7 +50,7 @@ void k32(const uint8_t* rec, int64_t /*count*/, const Rows& a, const uint8_t* ah
   I isum[R], acc[R][S];
   for (int r = 0; r < R; ++r) isum[r] = V::zero();
   for (int j = 0; j < 8; ++j) {
-    prefetch_lines(ahead, j * L::kRecord / 8, (j + 1) * L::kRecord / 8, a.once);
+    prefetch_lines(ahead, j * L::kRecord / 8, (j + 1) * L::kRecord / 8, a);
     for (int r = 0; r < R; ++r) {
       acc[r][0] = V::set1(-kOffset * a.xs[r * a.ldxs + j]);
       for (int s = 1; s < S; ++s) acc[r][s] = V::zero();
@@ -124,7 +124,7 @@ void k16(const uint8_t* rec, int64_t /*count*/, const Rows& a, const uint8_t* ah
   I isum[R], two[R][S];
   for (int r = 0; r < R; ++r) isum[r] = V::zero();
   for (int j = 0; j < 16; ++j) {
-    prefetch_lines(ahead, j * L::kRecord / 16, (j + 1) * L::kRecord / 16, a.once);
+    prefetch_lines(ahead, j * L::kRecord / 16, (j + 1) * L::kRecord / 16, a);
     for (int r = 0; r < R; ++r) {
       two[r][0] = V::set1(-L::kOffset * a.xs[r * a.ldxs + j]);
       for (int s = 1; s < S; ++s) two[r][s] = V::zero();

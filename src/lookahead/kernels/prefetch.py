@@ -58,7 +58,8 @@ class Prefetch:
 
 # What the first load times, the first listed kept among the fastest (TOLERANCE): L1 alone
 # at 1 to 4 KiB (the kernel's own 4096 among them, so that the choice is never one it would
-# not have made by itself but for the timings), then L2 far and L1 near.
+# not have made by itself but for the timings), then L2 far and L1 near. Where a step's records
+# are asked for as non-temporal (``QuantLinear.nontemporal``, AMD), ``near`` is not used.
 SETTINGS = (Prefetch(1024), Prefetch(2048), Prefetch(3072), Prefetch(4096),
             Prefetch(3072, 512), Prefetch(4096, 512), Prefetch(8192, 1024))
 # Token rows a timed pass has: plain decoding's one, and the two a lookahead step feeds on

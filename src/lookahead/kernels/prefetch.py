@@ -8,7 +8,7 @@ of Qwen2.5-Coder-1.5B Q4_K_M took 37.8 ms for one token row at 2048 bytes to L1,
 the kernel's 4096, and 33.9 ms at 4096 to L2 and 512 to L1, while SmolLM2-135M's took 4.1 ms
 at 4096 against 4.5 ms at 2048 (docs/quantized-kernel.md). So the first load of a quantized
 model on a CPU times passes of one and of two rows through all of its linears at each of
-``SETTINGS`` (alternating, the fastest of a few rounds: about 3 s for the 1.5B model), keeps
+``SETTINGS`` (alternating, the fastest of a few rounds: about 4 s for the 1.5B model), keeps
 the first listed within 2 % of the fastest (``TOLERANCE``), and caches the choice per model,
 CPU, thread count and kernel build in ``<cache_dir>/prefetch/<model>-<cpu>-<threads>t-<isa>.json``;
 later loads read it. The results are the same bits at every setting; only the speed changes.

@@ -202,7 +202,7 @@ class Decoder:
         self.prefix = None  # copied: the stored entries may go
         self.stats.cached_prompt_tokens = start
         scores = self._scores(out.logits[0, -1:])
-        token = choose(scores[0], self.sampling, self.generator)
+        token = choose(scores[0], self.sampling, self.generator, len(self.context))
         self.stats.record_step(forward_tokens=length, proposed=0, accepted=0)
         self.proposer.start(self.prompt)
         return self._note_logprobs(scores, [0], self._commit([token]))
@@ -317,7 +317,7 @@ class Decoder:
         ids = torch.tensor([self.context], dtype=torch.long, device=self.model.device)
         out = self._run_model(input_ids=ids, logits_to_keep=1)
         scores = self._scores(out.logits[0, -1:])
-        token = choose(scores[0], self.sampling, self.generator)
+        token = choose(scores[0], self.sampling, self.generator, len(self.context))
         committed = self._note_logprobs(scores, [0], self._commit([token]))
         self.stats.record_step(len(self.context), 0, 0)
         self.proposer.update(self.context, StepOutcome(committed, 0, None))
@@ -369,9 +369,10 @@ class Decoder:
                 n: on_generator(proposal.draft_probs[c][o], self.generator)
                 for n, (c, o) in enumerate(tree.source) if n
             }
-        # The draws happen where the request's generator lives (the model's device).
+        # The draws happen where the request's generator lives (the model's device); those of
+        # deterministic candidates are keyed by the tokens' positions (the text is the seed's).
         probs = on_generator(warp(logits, self.sampling), self.generator)
-        return verify_sampling(tree, probs, self.generator, draft)
+        return verify_sampling(tree, probs, self.generator, draft, position=len(self.context))
 
     def _commit(self, tokens: list[int]) -> list[int]:
         """Append ``tokens`` up to the first EOS (kept) and the token limit; return them."""

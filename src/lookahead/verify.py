@@ -22,6 +22,16 @@ multi-candidate rule of SpecInfer (Miao et al., 2024) that lookahead decoding ad
 sampling (Fu et al., 2024, Sec. 3.4): n-gram candidates are deterministic, so ``q`` is a point
 mass, the acceptance probability is ``p(x)`` and the residual is ``p`` with ``x`` removed.
 Each draw leaves the output distributed exactly as ``p``.
+
+Where every child is proposed deterministically (lookahead, prompt lookup) and the text's
+positions are known, the draws are keyed by position instead (``position``): at each node
+the target's own token is drawn from ``p`` by inverting its cumulative sum at a uniform that
+the request's seed and the token's position in the text alone decide (``position_draw``),
+and the child with that token, if any, is accepted. A child is then accepted with
+probability ``p(x)`` and several with ``sum p(x)``, as above, and the step writes what
+one-token sampling with the same seed writes at those positions (``choose`` draws the
+same way), whatever the candidates: the speed may change the candidates (the step costs
+are measured as the request runs), never the text of a seed.
 """
 
 from __future__ import annotations
@@ -116,12 +126,16 @@ def verify_sampling(
     probs: torch.Tensor,
     generator: torch.Generator,
     draft_probs: dict[int, torch.Tensor] | None = None,
+    position: int | None = None,
 ) -> Verdict:
     """Rejection-sample a root path. probs: [len(tree), V] warped target distributions.
 
     draft_probs maps a tree node to the distribution [V] its token was drawn from; nodes not in
-    it were proposed deterministically (point mass).
+    it were proposed deterministically (point mass). position: where in the text the root's
+    next token goes; with no draft_probs, the draws are keyed by position (the module's text).
     """
+    if position is not None and not draft_probs:
+        return _verify_by_position(tree, probs, generator, position)
     draft_probs = draft_probs or {}
     node, path = 0, []
     while True:
@@ -141,6 +155,44 @@ def verify_sampling(
         node = accepted
 
 
+def _verify_by_position(tree: TokenTree, probs: torch.Tensor, generator: torch.Generator,
+                        position: int) -> Verdict:
+    """The root path of the tokens drawn at each node from probs [len(tree), V] with the
+    draws of ``position``, ``position + 1``, ...: the first drawn token that no child holds
+    ends it."""
+    node, path = 0, []
+    while True:
+        token = inverse_cdf(probs[node], position_draw(generator, position + len(path)))
+        child = tree.children[node].get(token)
+        if child is None:
+            return Verdict(path, [tree.tokens[n] for n in path] + [token])
+        path.append(child)
+        node = child
+
+
+# An odd 64-bit constant (2^64 / golden ratio) that spreads positions over the seed space.
+_SPREAD = 0x9E3779B97F4A7C15
+
+
+def position_draw(generator: torch.Generator, position: int) -> torch.Tensor:
+    """A uniform draw in [0, 1) (a 0-d float32 tensor on ``generator``'s device) that the
+    seed ``generator`` started from and ``position`` alone decide, whatever was drawn
+    before."""
+    keyed = torch.Generator(device=generator.device)
+    keyed.manual_seed((generator.initial_seed() ^ (position * _SPREAD)) & ((1 << 64) - 1))
+    return torch.rand((), generator=keyed, device=generator.device)
+
+
+def inverse_cdf(p: torch.Tensor, u: torch.Tensor) -> int:
+    """The token whose share of the cumulative sum of ``p`` [V] (not normalised) holds
+    ``u`` in [0, 1): a draw from ``p``, never a token of probability 0."""
+    cdf = p.cumsum(0)
+    token = int(torch.searchsorted(cdf, u * cdf[-1], right=True).clamp(max=p.shape[0] - 1))
+    if p[token] <= 0:  # rounding at the top: the last token p allows
+        token = int(torch.nonzero(p > 0)[-1])
+    return token
+
+
 def _residual(p: torch.Tensor, token: int, q: torch.Tensor | None) -> torch.Tensor:
     """norm(max(p - q, 0)); for a point mass q at ``token``, p with that token removed."""
     if q is None:
@@ -153,12 +205,17 @@ def _residual(p: torch.Tensor, token: int, q: torch.Tensor | None) -> torch.Tens
     return residual / total if total > 0 else p
 
 
-def choose(logits: torch.Tensor, sampling: SamplingConfig, generator: torch.Generator | None) -> int:
-    """The next token from one row of logits [V]: argmax, or a draw from the warped distribution."""
+def choose(logits: torch.Tensor, sampling: SamplingConfig, generator: torch.Generator | None,
+           position: int | None = None) -> int:
+    """The next token from one row of logits [V]: argmax, or a draw from the warped
+    distribution (keyed by the token's ``position`` in the text where given and the request
+    has a generator, as ``verify_sampling`` draws)."""
     if not sampling.do_sample:
         return int(argmax(logits))
-    return int(torch.multinomial(on_generator(warp(logits, sampling), generator), 1,
-                                 generator=generator))
+    probs = on_generator(warp(logits, sampling), generator)
+    if position is not None and generator is not None:
+        return inverse_cdf(probs, position_draw(generator, position))
+    return int(torch.multinomial(probs, 1, generator=generator))
 
 
 def on_generator(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:

@@ -213,6 +213,23 @@ def test_same_seed_same_sample(setup):
         assert runs[0].sequences.tolist() == runs[1].sequences.tolist()
 
 
+def test_a_seed_writes_the_same_text_whatever_the_candidates(setup):
+    """Sampling with deterministic candidates draws by position: lookahead and prompt lookup,
+    whatever they propose and however fast the steps run, write what one-token sampling writes
+    with the same seed; another seed writes another text."""
+    model, _, ids, _ = setup
+    texts = {}
+    for seed in (5, 6, 7):
+        for method, options in [("autoregressive", {}), ("lookahead", {}),
+                                ("lookahead", {"window": 3, "ngram": 3, "guess": 3}),
+                                ("prompt_lookup", {"num_draft_tokens": 4})]:
+            result = lookahead.generate(model, ids, max_new_tokens=12, method=method,
+                                        do_sample=True, seed=seed, **SAMPLING, **options)
+            texts.setdefault(seed, []).append(result.new_tokens[0].tolist())
+        assert all(text == texts[seed][0] for text in texts[seed]), (seed, texts[seed])
+    assert len({tuple(runs[0]) for runs in texts.values()}) > 1
+
+
 # --- the verifier on synthetic trees: exact in expectation, and the statistic's power -------
 
 SYNTH_DRAWS = 5_000
@@ -245,7 +262,7 @@ def law_first_two(p: torch.Tensor, first: int) -> dict:
     return law
 
 
-def accept_always(tree, probs, generator, draft_probs=None):
+def accept_always(tree, probs, generator, draft_probs=None, position=None):
     """Wrong: takes the first candidate path whole, then samples a bonus from p."""
     node, path = 0, []
     while tree.children[node]:
@@ -360,30 +377,37 @@ def test_statistic_rejects_wrong_verifiers(synthetic, rule):
     assert chi2_pvalue(firsts, law0, SYNTH_DRAWS) < ALPHA
 
 
-@pytest.mark.parametrize("bug", ["accept_always", "no_residual"])
+@pytest.mark.parametrize("bug", ["accept_always", "no_residual", "one_draw"])
 def test_end_to_end_statistic_rejects_wrong_verifiers(setup, monkeypatch, bug):
     """Negative controls end to end: lookahead with a verifier that accepts every candidate,
-    or that resamples from p instead of the residual after a rejection, fails the very test
+    or whose draws are the same at every position, and the draft method with one that
+    resamples from p instead of the residual after a rejection, fail the very test
     ``test_sampling_is_lossless`` runs, with a third of its draws."""
     import lookahead.decode
     import lookahead.verify
 
+    model, draft, ids, law = setup
+    method, options = "lookahead", {}
     if bug == "accept_always":
         monkeypatch.setattr(lookahead.decode, "verify_sampling", accept_always)
+    elif bug == "one_draw":
+        monkeypatch.setattr(lookahead.verify, "position_draw",
+                            lambda generator, position: torch.tensor(0.5))
     else:
         monkeypatch.setattr(lookahead.verify, "_residual", lambda p, token, q: p)
-    model, _, ids, law = setup
-    draws = METHOD_DRAWS["lookahead"] // 3
+        method, options = "draft", {"num_draft_tokens": 3, "draft_model": draft}
+    draws = METHOD_DRAWS[method] // 3
     counts = Counter()
     for i in range(draws):
         result = lookahead.generate(
             model,
             ids,
             max_new_tokens=DEPTH + 1,
-            method="lookahead",
+            method=method,
             do_sample=True,
             seed=SEED_BASE + i,
             **SAMPLING,
+            **options,
         )
         counts[tuple(result.new_tokens[0, :DEPTH].tolist())] += 1
     assert chi2_pvalue(counts, law, draws) < ALPHA

@@ -180,7 +180,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = decoding_arguments(__doc__.split("\n\n")[0])
     parser.add_argument("--variants", required=True,
                         help='JSON: {"name": {generate keywords, "method": ..., "share": bool, '
-                             '"proposer_at": REV, "nontemporal": bool, "ahead": bytes, "near": bytes}}')
+                             '"proposer_at": REV, "nontemporal": bool, "ahead": bytes, '
+                             '"near": bytes}}')
     args = parser.parse_args(argv)
     variants = json.loads(args.variants)
     if not isinstance(variants, dict) or not all(isinstance(v, dict) for v in variants.values()):

@@ -32,7 +32,8 @@ every variant alike), medians:
     PYTHONPATH=$PWD/src python benchmarks/forward_cost.py --times quant --rounds 5 \
         --tokens 1,2,4,6,8,12 --threads 1
     python benchmarks/forward_cost.py --times quant --rounds 9 --tokens 1,2,4,8 --threads 2 \
-        --ahead 1024 2048 3072 4096 8192 4096/512 --gguf ~/.cache/lookahead/gguf/qwen2.5-coder-1.5b.gguf
+        --ahead 1024 2048 3072 4096 8192 4096/512 \
+        --gguf ~/.cache/lookahead/gguf/qwen2.5-coder-1.5b.gguf
     PYTHONPATH=$PWD/src python benchmarks/forward_cost.py --times torch-ops --rounds 5 \
         --tokens 1,2,4,8 --threads 1
     python benchmarks/forward_cost.py --times step --threads 2      # --pyinstrument: call tree

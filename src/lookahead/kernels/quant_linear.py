@@ -236,7 +236,7 @@ class QuantLinear(torch.nn.Module):
         # the prefetch distances, passed on so that ``nontemporal`` can follow them: ``ahead``
         # bytes on, and where ``near`` is not 0, to L2 there and to L1 ``near`` bytes on
         self.ahead = None if chosen is None else chosen.ahead
-        self.near = 0
+        self.near = 0 if chosen is None else chosen.near
 
     @staticmethod
     def _choose_kernel(kernel: bool | None, isa: str | None) -> ModuleType | None:

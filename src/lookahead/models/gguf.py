@@ -51,7 +51,7 @@ from lookahead import cache_files
 from lookahead.models.registry import (
     ModelNotAvailableError,
     ModelSpec,
-    default_cache_dir,
+    cache_root,
     get_model_spec,
 )
 
@@ -69,7 +69,7 @@ def find_gguf(spec: ModelSpec, *, cache_dir: str | Path | None = None) -> Path:
 
     Raises ``ModelNotAvailableError`` (saying what to run) when the packages are not installed.
     """
-    root = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
+    root = cache_root(cache_dir)
     if not spec.is_split:
         folder = _require_package_dirs(spec)[0]
         path = folder / spec.gguf_file

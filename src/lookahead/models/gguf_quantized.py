@@ -133,10 +133,10 @@ def load_quantized_model(
     ``<cache_dir>/models/<name>/gguf-meta`` (``cache_dir``: default
     ``lookahead.models.default_cache_dir()``)."""
     from lookahead.models.gguf import find_gguf
-    from lookahead.models.registry import (bundled_names, default_cache_dir, get_model_spec,
+    from lookahead.models.registry import (bundled_names, cache_root, get_model_spec,
                                            is_bundled)
 
-    root = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
+    root = cache_root(cache_dir)
     name = os.fspath(name_or_path)
     bundled = is_bundled(name)
     if bundled:

@@ -52,7 +52,7 @@ from lookahead.models.registry import (
     ModelNotAvailableError,
     ModelSpec,
     bundled_names,
-    default_cache_dir,
+    cache_root,
     get_model_spec,
     is_bundled,
     resolve_dtype,
@@ -108,7 +108,8 @@ def load_model(
             that multiplies it natively, else float32), ``"bfloat16"``, ``"float32"`` or a
             ``torch.dtype``.
         cache_dir: cache root for assembled and de-quantised GGUF models
-            (default :func:`default_cache_dir`); hub downloads stay in the hub's cache.
+            (default :func:`lookahead.models.registry.default_cache_dir`); hub downloads
+            stay in the hub's cache.
         grouped_attention: switch a model on SDPA attention to
             ``lookahead.kernels.grouped_attention.grouped_sdpa`` (the same attention without
             copying the cache in steps of several tokens), or, for a quantized model in
@@ -157,7 +158,7 @@ def load_model(
     if source.name != source.path:  # a hub GGUF: known by its hub name (tuned profiles key on it)
         model.name_or_path = source.name
     if on_quantized:  # this CPU's fastest weight prefetch, measured once and cached
-        setting, measured = choose_prefetch(model, _cache_root(cache_dir))
+        setting, measured = choose_prefetch(model, cache_root(cache_dir))
         logger.info("prefetch: %s (%s)", setting or "the kernel's", measured)
     return model, tokenizer
 
@@ -272,15 +273,10 @@ def _wants_quantized(gguf: bool, dtype, kernel: Kernel | None, target, quantized
     return True
 
 
-def _cache_root(cache_dir: str | Path | None) -> Path:
-    """``cache_dir`` with ``~`` expanded, or the default cache directory if None."""
-    return Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
-
-
 def _load_quantized(name_or_path, dtype: torch.dtype, cache_dir):
     from lookahead.models.quantized import load_quantized  # imports the kernel's module
 
-    root = _cache_root(cache_dir)
+    root = cache_root(cache_dir)
     name = os.fspath(name_or_path)
     key = name if is_bundled(name) else gguf_cache_key(Path(name).expanduser())
     return load_quantized(name, dtype, root, key)
@@ -290,7 +286,7 @@ def _load(
     name_or_path: str, dtype: torch.dtype, cache_dir: str | Path | None, *,
     local_files_only: bool = False,
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    root = _cache_root(cache_dir)
+    root = cache_root(cache_dir)
     if is_bundled(name_or_path):
         return _load_bundled(get_model_spec(name_or_path), dtype, root)
     path = Path(name_or_path).expanduser()

@@ -245,6 +245,11 @@ def default_cache_dir() -> Path:
     return Path(platformdirs.user_cache_dir("lookahead", appauthor=False))
 
 
+def cache_root(cache_dir: str | Path | None = None) -> Path:
+    """``cache_dir`` with ``~`` expanded, or :func:`default_cache_dir` where it is None."""
+    return Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
+
+
 def bundled_names() -> str:
     return ", ".join(spec.name for spec in BUNDLED_MODELS)
 

@@ -342,7 +342,7 @@ def _read_text(path: Path) -> str:
 
 
 def _cache_path(tokenizer, files: list[Path], cache_dir: str | Path | None) -> Path:
-    from lookahead.models.registry import default_cache_dir
+    from lookahead.models.registry import cache_root
 
     digest = hashlib.sha256()
     vocab = sorted(tokenizer.get_vocab().items())
@@ -350,5 +350,5 @@ def _cache_path(tokenizer, files: list[Path], cache_dir: str | Path | None) -> P
     for f in files:
         stat = f.stat()
         digest.update(f"{f.resolve()}\0{stat.st_size}\0{stat.st_mtime_ns}\n".encode())
-    root = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
+    root = cache_root(cache_dir)
     return root / "datastores" / f"{digest.hexdigest()[:24]}.npy"

@@ -73,13 +73,14 @@ def test_signed_scales_keep_their_sign(qtype):
 @pytest.mark.parametrize("qtype", NEW, ids=NAMES.get)
 def test_kernel_sums_are_the_reference_bits(isa, qtype):
     """1 to 13 rows (the tile of 8 and past it) over 3 blocks and 37 outputs (a partial group
-    of 16): the kernel's float32 sums equal the reference's, compared as int32."""
+    of 16; an odd count of groups, so that the kernels of two groups leave one group to the
+    kernel of one): the kernel's float32 sums equal the reference's, compared as int32."""
     fmt = qf.FORMATS[qtype]
     for seed, from_floats in ((0, True), (1, False)):
         module = layer(qtype, 37, 3 * fmt.block, seed, from_floats, kernel=True, isa=isa)
         x = torch.randn(13, module.in_features, generator=torch.Generator().manual_seed(seed))
         x[2] *= 1e-3   # a row of small activations
-        for rows in (1, 2, 3, 4, 8, 13):
+        for rows in (1, 2, 3, 4, 5, 6, 7, 8, 13):
             sums = module.kernel_sums(x[:rows])
             expected = module.reference(x[:rows])
             assert torch.equal(sums.view(torch.int32), expected.view(torch.int32)), rows

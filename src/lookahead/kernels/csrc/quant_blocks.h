@@ -35,62 +35,86 @@ inline void min_sums(const uint8_t* mins, const Rows& a, int lane0, I* msum) {
   }
 }
 
-// One block of 256 inputs in 8 sub-blocks of 32 (K32's types). lane0: first output of this
-// call within the record (AVX2 takes the 16 outputs in two halves).
-template <int R, int QT>
+// One block of 256 inputs in 8 sub-blocks of 32 (K32's types), for G groups of 16 outputs
+// (G records a.next bytes apart; their outputs kGroup floats apart): each activation
+// broadcast feeds all G (pairs: kPairRows' note). lane0: first output of this call within the
+// record (AVX2 takes the 16 outputs in two halves).
+template <int R, int QT, int G = 1>
 void k32(const uint8_t* rec, int64_t /*count*/, const Rows& a, const uint8_t* ahead, int lane0,
          bool first) {
   using L = K32<QT>;
   // Independent sums per row: vpdpbusd's latency is 4 cycles, its throughput 1 a cycle, so
   // one or two rows keep several chains in flight (integers: their order changes nothing).
-  constexpr int S = R >= 4 ? 1 : 4 / R;
+  constexpr int S = R * G >= 4 ? 1 : 4 / (R * G);
   constexpr int32_t kOffset = L::kCode && V::kQ8Offset ? 128 : 0;
   const I low = V::set8(0x0F);
   const I levels = L::kCode ? V::table(kLevels) : V::zero();
-  I isum[R], acc[R][S];
-  for (int r = 0; r < R; ++r) isum[r] = V::zero();
+  I isum[G][R], acc[G][R][S];
+  for (int q = 0; q < G; ++q)
+    for (int r = 0; r < R; ++r) isum[q][r] = V::zero();
   for (int j = 0; j < 8; ++j) {
-    prefetch_lines(ahead, j * L::kRecord / 8, (j + 1) * L::kRecord / 8, a);
-    for (int r = 0; r < R; ++r) {
-      acc[r][0] = V::set1(-kOffset * a.xs[r * a.ldxs + j]);
-      for (int s = 1; s < S; ++s) acc[r][s] = V::zero();
-    }
-    const I h = L::kFive ? V::load(rec + 2048 + 64 * j + lane0 * 4) : V::zero();
-    for (int c = 0; c < 4; ++c) {
-      const I p = V::load(rec + (4 * j + c) * 64 + lane0 * 4);
-      I lo = V::and_(p, low), hi = V::and_(V::srl<4>(p), low);
-      if constexpr (L::kFive) {   // inputs 8c + b and 8c + 4 + b: bits 2c and 2c + 1
-        lo = V::or_(lo, fifth_bit(h, 2 * c));
-        hi = V::or_(hi, fifth_bit(h, 2 * c + 1));
+    for (int q = 0; q < G; ++q)
+      prefetch_lines(ahead == nullptr ? nullptr : ahead + q * a.next, j * L::kRecord / 8,
+                     (j + 1) * L::kRecord / 8, a);
+    for (int q = 0; q < G; ++q)
+      for (int r = 0; r < R; ++r) {
+        acc[q][r][0] = V::set1(-kOffset * a.xs[r * a.ldxs + j]);
+        for (int s = 1; s < S; ++s) acc[q][r][s] = V::zero();
       }
-      if constexpr (L::kCode) { lo = V::lookup(levels, lo); hi = V::lookup(levels, hi); }
+    for (int c = 0; c < 4; ++c) {
+      I lo[G], hi[G];
+      for (int q = 0; q < G; ++q) {
+        const uint8_t* at = rec + q * a.next;
+        const I p = V::load(at + (4 * j + c) * 64 + lane0 * 4);
+        lo[q] = V::and_(p, low);
+        hi[q] = V::and_(V::srl<4>(p), low);
+        if constexpr (L::kFive) {   // inputs 8c + b and 8c + 4 + b: bits 2c and 2c + 1
+          const I h = V::load(at + 2048 + 64 * j + lane0 * 4);
+          lo[q] = V::or_(lo[q], fifth_bit(h, 2 * c));
+          hi[q] = V::or_(hi[q], fifth_bit(h, 2 * c + 1));
+        }
+        if constexpr (L::kCode) {
+          lo[q] = V::lookup(levels, lo[q]);
+          hi[q] = V::lookup(levels, hi[q]);
+        }
+      }
       const int8_t* x = a.xq + 32 * j + 8 * c;
       for (int r = 0; r < R; ++r) {
-        I& even = acc[r][(2 * c) % S];
-        I& odd = acc[r][(2 * c + 1) % S];
-        if constexpr (L::kCode) {
-          even = V::dot_q8(even, lo, bcast(x + r * a.ldx));
-          odd = V::dot_q8(odd, hi, bcast(x + r * a.ldx + 4));
-        } else {
-          even = V::dot(even, lo, bcast(x + r * a.ldx));
-          odd = V::dot(odd, hi, bcast(x + r * a.ldx + 4));
+        const I xe = bcast(x + r * a.ldx), xo = bcast(x + r * a.ldx + 4);
+        for (int q = 0; q < G; ++q) {
+          I& even = acc[q][r][(2 * c) % S];
+          I& odd = acc[q][r][(2 * c + 1) % S];
+          if constexpr (L::kCode) {
+            even = V::dot_q8(even, lo[q], xe);
+            odd = V::dot_q8(odd, hi[q], xo);
+          } else {
+            even = V::dot(even, lo[q], xe);
+            odd = V::dot(odd, hi[q], xo);
+          }
         }
       }
     }
-    const uint8_t* scales = rec + L::kScales + 16 * j + lane0;
-    const I sc = L::kCode ? V::i8x32(scales) : V::u8x32(scales);
-    for (int r = 0; r < R; ++r) {
-      for (int s = 1; s < S; ++s) acc[r][0] = V::add(acc[r][0], acc[r][s]);
-      isum[r] = V::add(isum[r], V::mul(acc[r][0], sc));
+    for (int q = 0; q < G; ++q) {
+      const uint8_t* scales = rec + q * a.next + L::kScales + 16 * j + lane0;
+      const I sc = L::kCode ? V::i8x32(scales) : V::u8x32(scales);
+      for (int r = 0; r < R; ++r) {
+        for (int s = 1; s < S; ++s) acc[q][r][0] = V::add(acc[q][r][0], acc[q][r][s]);
+        isum[q][r] = V::add(isum[q][r], V::mul(acc[q][r][0], sc));
+      }
     }
   }
-  const F d = V::half(rec + L::kD + 2 * lane0);
-  if constexpr (L::kMin) {
-    I msum[R];
-    min_sums<R, 4>(rec + L::kMins, a, lane0, msum);
-    finish<R, true>(isum, msum, d, V::half(rec + L::kD + 32 + 2 * lane0), a, 0, first);
-  } else {
-    finish<R, false>(isum, isum, d, V::setf(0.f), a, 0, first);
+  for (int q = 0; q < G; ++q) {
+    const uint8_t* at = rec + q * a.next;
+    Rows out = a;
+    out.y += q * kGroup;
+    const F d = V::half(at + L::kD + 2 * lane0);
+    if constexpr (L::kMin) {
+      I msum[R];
+      min_sums<R, 4>(at + L::kMins, a, lane0, msum);
+      finish<R, true>(isum[q], msum, d, V::half(at + L::kD + 32 + 2 * lane0), out, 0, first);
+    } else {
+      finish<R, false>(isum[q], isum[q], d, V::setf(0.f), out, 0, first);
+    }
   }
 }
 
@@ -114,56 +138,78 @@ struct K16 {
   static constexpr int64_t kRecord = kD + (kMin ? 64 : 32);
 };
 
-// One block of 256 inputs in 16 sub-blocks of 16 (K16's types).
-template <int R, int QT>
+// Sub-block j's 16 quants of each of a record's 16 outputs (K16's types), as 4 registers:
+// q[k] holds inputs 4k .. 4k + 3 of every output, as unsigned bytes.
+template <int QT>
+inline void k16_quants(const uint8_t* rec, int j, int lane0, I* q) {
+  using L = K16<QT>;
+  const I low = V::set8(0x0F), high = V::set8(0x30), three = V::set8(0x03);
+  if constexpr (L::kHigh) {
+    const I p0 = V::load(rec + 128 * j + lane0 * 4), p1 = V::load(rec + 128 * j + 64 + lane0 * 4);
+    const I h = V::load(rec + 2048 + 64 * j + lane0 * 4);
+    q[0] = V::or_(V::and_(p0, low), V::and_(V::sll<4>(h), high));
+    q[1] = V::or_(V::and_(V::srl<4>(p0), low), V::and_(V::sll<2>(h), high));
+    q[2] = V::or_(V::and_(p1, low), V::and_(h, high));
+    q[3] = V::or_(V::and_(V::srl<4>(p1), low), V::and_(V::srl<2>(h), high));
+  } else {   // bits 2k, 2k + 1 of byte b: input 4k + b
+    const I p = V::load(rec + 64 * j + lane0 * 4);
+    q[0] = V::and_(p, three);
+    q[1] = V::and_(V::srl<2>(p), three);
+    q[2] = V::and_(V::srl<4>(p), three);
+    q[3] = V::and_(V::srl<6>(p), three);
+  }
+  if constexpr (L::kThird) {   // for each 32 inputs, bit i of byte b: input 4i + b
+    const I h = V::load(rec + 1024 + 64 * (j / 2) + lane0 * 4);
+    for (int k = 0; k < 4; ++k) q[k] = V::or_(q[k], third_bit(h, 4 * (j % 2) + k));
+  }
+}
+
+// One block of 256 inputs in 16 sub-blocks of 16 (K16's types), for G groups as k32.
+template <int R, int QT, int G = 1>
 void k16(const uint8_t* rec, int64_t /*count*/, const Rows& a, const uint8_t* ahead, int lane0,
          bool first) {
   using L = K16<QT>;
-  constexpr int S = R >= 4 ? 1 : 4 / R;   // independent sums per row, as in k32
-  const I low = V::set8(0x0F), high = V::set8(0x30), three = V::set8(0x03);
-  I isum[R], two[R][S];
-  for (int r = 0; r < R; ++r) isum[r] = V::zero();
+  constexpr int S = R * G >= 4 ? 1 : 4 / (R * G);   // independent sums per row, as in k32
+  I isum[G][R], two[G][R][S];
+  for (int q = 0; q < G; ++q)
+    for (int r = 0; r < R; ++r) isum[q][r] = V::zero();
   for (int j = 0; j < 16; ++j) {
-    prefetch_lines(ahead, j * L::kRecord / 16, (j + 1) * L::kRecord / 16, a);
-    for (int r = 0; r < R; ++r) {
-      two[r][0] = V::set1(-L::kOffset * a.xs[r * a.ldxs + j]);
-      for (int s = 1; s < S; ++s) two[r][s] = V::zero();
-    }
-    I q[4];
-    if constexpr (L::kHigh) {
-      const I p0 = V::load(rec + 128 * j + lane0 * 4), p1 = V::load(rec + 128 * j + 64 + lane0 * 4);
-      const I h = V::load(rec + 2048 + 64 * j + lane0 * 4);
-      q[0] = V::or_(V::and_(p0, low), V::and_(V::sll<4>(h), high));
-      q[1] = V::or_(V::and_(V::srl<4>(p0), low), V::and_(V::sll<2>(h), high));
-      q[2] = V::or_(V::and_(p1, low), V::and_(h, high));
-      q[3] = V::or_(V::and_(V::srl<4>(p1), low), V::and_(V::srl<2>(h), high));
-    } else {   // bits 2k, 2k + 1 of byte b: input 4k + b
-      const I p = V::load(rec + 64 * j + lane0 * 4);
-      q[0] = V::and_(p, three);
-      q[1] = V::and_(V::srl<2>(p), three);
-      q[2] = V::and_(V::srl<4>(p), three);
-      q[3] = V::and_(V::srl<6>(p), three);
-    }
-    if constexpr (L::kThird) {   // for each 32 inputs, bit i of byte b: input 4i + b
-      const I h = V::load(rec + 1024 + 64 * (j / 2) + lane0 * 4);
-      for (int k = 0; k < 4; ++k) q[k] = V::or_(q[k], third_bit(h, 4 * (j % 2) + k));
-    }
+    for (int q = 0; q < G; ++q)
+      prefetch_lines(ahead == nullptr ? nullptr : ahead + q * a.next, j * L::kRecord / 16,
+                     (j + 1) * L::kRecord / 16, a);
+    for (int q = 0; q < G; ++q)
+      for (int r = 0; r < R; ++r) {
+        two[q][r][0] = V::set1(-L::kOffset * a.xs[r * a.ldxs + j]);
+        for (int s = 1; s < S; ++s) two[q][r][s] = V::zero();
+      }
+    I quants[G][4];
+    for (int q = 0; q < G; ++q) k16_quants<QT>(rec + q * a.next, j, lane0, quants[q]);
     const int8_t* x = a.xq + 16 * j;
     for (int k = 0; k < 4; ++k)
-      for (int r = 0; r < R; ++r)
-        two[r][k % S] = V::dot(two[r][k % S], q[k], bcast(x + r * a.ldx + 4 * k));
-    const I sc = V::i8x32(rec + L::kScales + 16 * j + lane0);
-    for (int r = 0; r < R; ++r) {
-      for (int s = 1; s < S; ++s) two[r][0] = V::add(two[r][0], two[r][s]);
-      isum[r] = V::add(isum[r], V::mul(two[r][0], sc));
+      for (int r = 0; r < R; ++r) {
+        const I xk = bcast(x + r * a.ldx + 4 * k);
+        for (int q = 0; q < G; ++q)
+          two[q][r][k % S] = V::dot(two[q][r][k % S], quants[q][k], xk);
+      }
+    for (int q = 0; q < G; ++q) {
+      const I sc = V::i8x32(rec + q * a.next + L::kScales + 16 * j + lane0);
+      for (int r = 0; r < R; ++r) {
+        for (int s = 1; s < S; ++s) two[q][r][0] = V::add(two[q][r][0], two[q][r][s]);
+        isum[q][r] = V::add(isum[q][r], V::mul(two[q][r][0], sc));
+      }
     }
   }
-  const F d = V::half(rec + L::kD + 2 * lane0);
-  if constexpr (L::kMin) {
-    I msum[R];
-    min_sums<R, 8>(rec + L::kMins, a, lane0, msum);
-    finish<R, true>(isum, msum, d, V::half(rec + L::kD + 32 + 2 * lane0), a, 0, first);
-  } else {
-    finish<R, false>(isum, isum, d, V::setf(0.f), a, 0, first);
+  for (int q = 0; q < G; ++q) {
+    const uint8_t* at = rec + q * a.next;
+    Rows out = a;
+    out.y += q * kGroup;
+    const F d = V::half(at + L::kD + 2 * lane0);
+    if constexpr (L::kMin) {
+      I msum[R];
+      min_sums<R, 8>(at + L::kMins, a, lane0, msum);
+      finish<R, true>(isum[q], msum, d, V::half(at + L::kD + 32 + 2 * lane0), out, 0, first);
+    } else {
+      finish<R, false>(isum[q], isum[q], d, V::setf(0.f), out, 0, first);
+    }
   }
 }

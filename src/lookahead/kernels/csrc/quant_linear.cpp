@@ -91,6 +91,7 @@ struct Rows {
   float* y; int64_t ldy;
   bool once = true;
   int64_t back = 0;  // > 0: far lines to L2, and lines `back` bytes nearer to L1 (kNear's note)
+  int64_t next = 0;  // bytes from one group's record to the next group's (kernels of G groups)
 };
 
 inline I bcast(const int8_t* p) { return V::set1(load32(p)); }
@@ -129,9 +130,27 @@ inline void finish(const I* isum, const I* msum, F d, F dmin, const Rows& a, int
 
 #include "quant_blocks.h"   // k32, k16: blocks of 256 inputs
 
+// Chunk c of a record of blocks of 32 with 4-bit quants (small's types but Q8_0) as unsigned
+// bytes: lo holds inputs 8c + b of each output, hi inputs 8c + 4 + b.
+template <int QT>
+inline void small_quants(const uint8_t* rec, int c, int lane0, I low, I levels, I& lo, I& hi) {
+  const I p = V::load(rec + 64 * c + lane0 * 4);
+  lo = V::and_(p, low);
+  hi = V::and_(V::srl<4>(p), low);
+  if constexpr (QT == kQ5_0 || QT == kQ5_1) {   // bits 2c and 2c + 1 of the plane
+    const I h = V::load(rec + 256 + lane0 * 4);
+    lo = V::or_(lo, fifth_bit(h, 2 * c));
+    hi = V::or_(hi, fifth_bit(h, 2 * c + 1));
+  }
+  if constexpr (QT == kIQ4_NL) {
+    lo = V::lookup(levels, lo);
+    hi = V::lookup(levels, hi);
+  }
+}
+
 // `count` blocks of 32 inputs (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL), one float16 scale (and
-// min) each.
-template <int R, int QT>
+// min) each, for G groups of 16 outputs as k32 (quant_blocks.h).
+template <int R, int QT, int G = 1>
 void small(const uint8_t* rec, int64_t count, const Rows& a, const uint8_t* ahead, int lane0,
            bool first) {
   constexpr bool kByte = QT == kQ8_0, kFive = QT == kQ5_0 || QT == kQ5_1;
@@ -140,73 +159,99 @@ void small(const uint8_t* rec, int64_t count, const Rows& a, const uint8_t* ahea
   constexpr int64_t kBytes = kQuantBytes + (kMin ? 64 : 32);
   constexpr int32_t kOffset = QT == kQ4_0 ? 8 : (QT == kQ5_0 ? 16 :
                               ((kByte || kCode) && V::kQ8Offset ? 128 : 0));
-  constexpr int S = R >= 4 ? 1 : 4 / R;   // independent sums per row, as in q4k
+  constexpr int S = R * G >= 4 ? 1 : 4 / (R * G);   // independent sums per row, as in k32
   const I low = V::set8(0x0F);
   const I levels = kCode ? V::table(kLevels) : V::zero();
-  I acc[R][S], msum[R];
+  I acc[G][R][S], msum[R];
   for (int64_t b = 0; b < count; ++b, rec += kBytes) {
-    prefetch_lines(ahead == nullptr ? nullptr : ahead + b * kBytes, 0, kBytes, a);
+    for (int q = 0; q < G; ++q)
+      prefetch_lines(ahead == nullptr ? nullptr : ahead + q * a.next + b * kBytes, 0, kBytes, a);
     for (int r = 0; r < R; ++r) {
       const int32_t xs = a.xs[r * a.ldxs + b];
-      acc[r][0] = V::set1(-kOffset * xs);
-      for (int s = 1; s < S; ++s) acc[r][s] = V::zero();
+      for (int q = 0; q < G; ++q) {
+        acc[q][r][0] = V::set1(-kOffset * xs);
+        for (int s = 1; s < S; ++s) acc[q][r][s] = V::zero();
+      }
       msum[r] = V::set1(xs);
     }
     const int8_t* x = a.xq + 32 * b;
     for (int c = 0; c < (kByte ? 8 : 4); ++c) {
-      const I p = V::load(rec + 64 * c + lane0 * 4);
       if constexpr (kByte) {
-        for (int r = 0; r < R; ++r)
-          acc[r][c % S] = V::dot_q8(acc[r][c % S], p, bcast(x + r * a.ldx + 4 * c));
-      } else {
-        I lo = V::and_(p, low), hi = V::and_(V::srl<4>(p), low);
-        if constexpr (kFive) {   // inputs 8c + b and 8c + 4 + b: bits 2c and 2c + 1
-          const I h = V::load(rec + 256 + lane0 * 4);
-          lo = V::or_(lo, fifth_bit(h, 2 * c));
-          hi = V::or_(hi, fifth_bit(h, 2 * c + 1));
-        }
-        if constexpr (kCode) { lo = V::lookup(levels, lo); hi = V::lookup(levels, hi); }
+        I p[G];
+        for (int q = 0; q < G; ++q) p[q] = V::load(rec + q * a.next + 64 * c + lane0 * 4);
         for (int r = 0; r < R; ++r) {
-          I& even = acc[r][(2 * c) % S];
-          I& odd = acc[r][(2 * c + 1) % S];
-          if constexpr (kCode) {
-            even = V::dot_q8(even, lo, bcast(x + r * a.ldx + 8 * c));
-            odd = V::dot_q8(odd, hi, bcast(x + r * a.ldx + 8 * c + 4));
-          } else {
-            even = V::dot(even, lo, bcast(x + r * a.ldx + 8 * c));
-            odd = V::dot(odd, hi, bcast(x + r * a.ldx + 8 * c + 4));
+          const I xc = bcast(x + r * a.ldx + 4 * c);
+          for (int q = 0; q < G; ++q) acc[q][r][c % S] = V::dot_q8(acc[q][r][c % S], p[q], xc);
+        }
+      } else {
+        I lo[G], hi[G];
+        for (int q = 0; q < G; ++q)
+          small_quants<QT>(rec + q * a.next, c, lane0, low, levels, lo[q], hi[q]);
+        for (int r = 0; r < R; ++r) {
+          const I xe = bcast(x + r * a.ldx + 8 * c), xo = bcast(x + r * a.ldx + 8 * c + 4);
+          for (int q = 0; q < G; ++q) {
+            I& even = acc[q][r][(2 * c) % S];
+            I& odd = acc[q][r][(2 * c + 1) % S];
+            if constexpr (kCode) {
+              even = V::dot_q8(even, lo[q], xe);
+              odd = V::dot_q8(odd, hi[q], xo);
+            } else {
+              even = V::dot(even, lo[q], xe);
+              odd = V::dot(odd, hi[q], xo);
+            }
           }
         }
       }
     }
-    I isum[R];
-    for (int r = 0; r < R; ++r) {
-      isum[r] = acc[r][0];
-      for (int s = 1; s < S; ++s) isum[r] = V::add(isum[r], acc[r][s]);
-    }
-    const F d = V::half(rec + kQuantBytes + 2 * lane0);
-    if constexpr (kMin) {
-      finish<R, true>(isum, msum, d, V::half(rec + kQuantBytes + 32 + 2 * lane0), a, b,
-                      first && b == 0);
-    } else {
-      finish<R, false>(isum, msum, d, d, a, b, first && b == 0);
+    for (int q = 0; q < G; ++q) {
+      I isum[R];
+      for (int r = 0; r < R; ++r) {
+        isum[r] = acc[q][r][0];
+        for (int s = 1; s < S; ++s) isum[r] = V::add(isum[r], acc[q][r][s]);
+      }
+      const uint8_t* at = rec + q * a.next;
+      Rows out = a;
+      out.y += q * kGroup;
+      const F d = V::half(at + kQuantBytes + 2 * lane0);
+      if constexpr (kMin) {
+        finish<R, true>(isum, msum, d, V::half(at + kQuantBytes + 32 + 2 * lane0), out, b,
+                        first && b == 0);
+      } else {
+        finish<R, false>(isum, msum, d, d, out, b, first && b == 0);
+      }
     }
   }
 }
 
 using Kernel = void (*)(const uint8_t*, int64_t, const Rows&, const uint8_t*, int, bool);
 
-template <int QT, int R>
+// Rows up to which two groups of 16 outputs go through one call, so that each activation
+// broadcast (a load) and each loop's bookkeeping serve two records. On an Intel Xeon (family
+// 6, model 167; 2026-12-07, 2 threads) the 196 linears of Qwen2.5-Coder-1.5B Q4_K_M took
+// 48.4 / 50.9 / 53.8 ms for 2 / 3 / 4 rows against 51.0 / 55.9 / 57.4 ms one group a call
+// (medians of six alternating runs of benchmarks/forward_cost.py --times quant; one row 46.3
+// against 47.5). At 8 rows two groups' sums leave too few of the 32 registers. Q6_K's groups
+// keep four registers of quants each, hence fewer rows; AVX2's 16 registers hold no second
+// group.
+constexpr int kPairRows32 = V::kLanes == 16 ? 6 : 0;
+constexpr int kPairRows16 = V::kLanes == 16 ? 4 : 0;
+
+template <int QT, int R, int G>
 constexpr Kernel kernel_for() {
-  if constexpr (QT == kQ4_K || QT == kQ5_K || QT == kIQ4_XS) return k32<R, QT>;
-  else if constexpr (QT == kQ6_K || QT == kQ3_K || QT == kQ2_K) return k16<R, QT>;
-  else return small<R, QT>;
+  constexpr bool k32_type = QT == kQ4_K || QT == kQ5_K || QT == kIQ4_XS;
+  constexpr bool k16_type = QT == kQ6_K || QT == kQ3_K || QT == kQ2_K;
+  constexpr int pair_rows = k16_type ? kPairRows16 : kPairRows32;
+  if constexpr (G == 2 && R > pair_rows) return nullptr;
+  else if constexpr (k32_type) return k32<R, QT, G>;
+  else if constexpr (k16_type) return k16<R, QT, G>;
+  else return small<R, QT, G>;
 }
 
-// kernel_for<QT, 1> ... <QT, kRows>, indexed by rows - 1
-template <int QT, int... R>
+// kernel_for<QT, 1, G> ... <QT, kRows, G>, indexed by rows - 1 (null: no kernel of G groups
+// for that many rows)
+template <int QT, int G, int... R>
 constexpr std::array<Kernel, sizeof...(R)> rows_table(std::integer_sequence<int, R...>) {
-  return {kernel_for<QT, R + 1>()...};
+  return {kernel_for<QT, R + 1, G>()...};
 }
 
 struct Format { int64_t block, sub, record, step; };
@@ -237,9 +282,14 @@ Format format_of(int64_t qtype) {
 template <int QT>
 void run_groups(int64_t g0, int64_t g1, const uint8_t* records, const Format& f, int64_t blocks,
                 const Rows& all, int64_t n, int64_t tile, int64_t distance) {
-  static constexpr auto table = rows_table<QT>(std::make_integer_sequence<int, kRows>{});
+  static constexpr auto one = rows_table<QT, 1>(std::make_integer_sequence<int, kRows>{});
+  static constexpr auto two = rows_table<QT, 2>(std::make_integer_sequence<int, kRows>{});
   const int64_t subs = f.block / f.sub;
-  for (int64_t g = g0; g < g1; ++g) {
+  // Two groups at a time where a kernel of two groups takes the rows (kPairRows32's note).
+  const bool pairs = n <= tile && two[std::min<int64_t>(tile, n) - 1] != nullptr;
+  for (int64_t g = g0; g < g1;) {
+    const int width = pairs && g + 1 < g1 ? 2 : 1;
+    const auto& table = width == 2 ? two : one;
     for (int64_t b = 0; b < blocks; b += f.step) {
       const uint8_t* rec = records + (g * blocks + b) * f.record;
       const int64_t count = std::min(f.step, blocks - b);
@@ -247,18 +297,19 @@ void run_groups(int64_t g0, int64_t g1, const uint8_t* records, const Format& f,
         const Rows a{all.xq + r * all.ldx + b * f.block, all.ldx,
                      all.dx + r * all.lddx + b, all.lddx,
                      all.xs + r * all.ldxs + b * subs, all.ldxs,
-                     all.y + r * all.ldy + g * kGroup, all.ldy, all.once, all.back};
+                     all.y + r * all.ldy + g * kGroup, all.ldy, all.once, all.back,
+                     blocks * f.record};
         const int64_t rows = std::min<int64_t>(tile, n - r);
         const bool ask = r == 0 && distance > 0;
         const uint8_t* ahead = ask ? rec + distance : nullptr;
         for (int lane0 = 0; lane0 < kGroup; lane0 += V::kLanes) {
           Rows half = a;
           half.y += lane0;
-          table[rows - 1](rec, count, half, lane0 ? nullptr : ahead,
-                                                      lane0, b == 0);
+          table[rows - 1](rec, count, half, lane0 ? nullptr : ahead, lane0, b == 0);
         }
       }
     }
+    g += width;
   }
 }
 

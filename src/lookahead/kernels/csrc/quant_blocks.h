@@ -1,7 +1,7 @@
 // The kernels of quant_linear.cpp for blocks of 256 inputs: k32 (sub-blocks of 32: Q4_K,
 // Q5_K, IQ4_XS) and k16 (sub-blocks of 16: Q6_K, Q3_K, Q2_K), with the bit-plane helpers that
 // small (blocks of 32) shares. Included by quant_linear.cpp inside its anonymous namespace,
-// after quant_isa.h, Rows, prefetch_lines, bcast and finish.
+// after quant_isa.h, kGroup, Rows, prefetch_lines, bcast and finish. dot_pair serves small too.
 #pragma once
 
 // Q5_0's and Q5_K's fifth bits: bit k of each byte of h, moved to bit 4 (the bytes' other
@@ -35,10 +35,54 @@ inline void min_sums(const uint8_t* mins, const Rows& a, int lane0, I* msum) {
   }
 }
 
+// even += lo * xe and odd += hi * xo, through Q8_0's product where the quants are looked-up
+// levels (kCode: offset 128 on AVX-512).
+template <bool kCode>
+inline void dot_pair(I& even, I& odd, I lo, I hi, I xe, I xo) {
+  if constexpr (kCode) {
+    even = V::dot_q8(even, lo, xe);
+    odd = V::dot_q8(odd, hi, xo);
+  } else {
+    even = V::dot(even, lo, xe);
+    odd = V::dot(odd, hi, xo);
+  }
+}
+
+// End of a sub-block: each group's S partial sums per row, added up and times the group's
+// sub-block scales sc[q], go into its block sums isum.
+template <int G, int R, int S>
+inline void add_scaled(I (&isum)[G][R], I (&part)[G][R][S], const I (&sc)[G]) {
+  for (int q = 0; q < G; ++q)
+    for (int r = 0; r < R; ++r) {
+      for (int s = 1; s < S; ++s) part[q][r][0] = V::add(part[q][r][0], part[q][r][s]);
+      isum[q][r] = V::add(isum[q][r], V::mul(part[q][r][0], sc[q]));
+    }
+}
+
+// End of a block of 256 inputs: each group's outputs from its sums, the record's d (and, with
+// mins, dmin and the min sums of P sub-block pairs). kD, kMins: where they lie in a record.
+template <int G, int R, bool kMin, int P>
+inline void finish_groups(const uint8_t* rec, int64_t kD, int64_t kMins, I (&isum)[G][R],
+                          const Rows& a, int lane0, bool first) {
+  for (int q = 0; q < G; ++q) {
+    const uint8_t* at = rec + q * a.next;
+    Rows out = a;
+    out.y += q * kGroup;
+    const F d = V::half(at + kD + 2 * lane0);
+    if constexpr (kMin) {
+      I msum[R];
+      min_sums<R, P>(at + kMins, a, lane0, msum);
+      finish<R, true>(isum[q], msum, d, V::half(at + kD + 32 + 2 * lane0), out, 0, first);
+    } else {
+      finish<R, false>(isum[q], isum[q], d, V::setf(0.f), out, 0, first);
+    }
+  }
+}
+
 // One block of 256 inputs in 8 sub-blocks of 32 (K32's types), for G groups of 16 outputs
 // (G records a.next bytes apart; their outputs kGroup floats apart): each activation
-// broadcast feeds all G (pairs: kPairRows' note). lane0: first output of this call within the
-// record (AVX2 takes the 16 outputs in two halves).
+// broadcast feeds all G (quant_linear.cpp, kPairRows32's note). lane0: first output of this
+// call within the record (AVX2 takes the 16 outputs in two halves).
 template <int R, int QT, int G = 1>
 void k32(const uint8_t* rec, int64_t /*count*/, const Rows& a, const uint8_t* ahead, int lane0,
          bool first) {
@@ -81,41 +125,19 @@ void k32(const uint8_t* rec, int64_t /*count*/, const Rows& a, const uint8_t* ah
       const int8_t* x = a.xq + 32 * j + 8 * c;
       for (int r = 0; r < R; ++r) {
         const I xe = bcast(x + r * a.ldx), xo = bcast(x + r * a.ldx + 4);
-        for (int q = 0; q < G; ++q) {
-          I& even = acc[q][r][(2 * c) % S];
-          I& odd = acc[q][r][(2 * c + 1) % S];
-          if constexpr (L::kCode) {
-            even = V::dot_q8(even, lo[q], xe);
-            odd = V::dot_q8(odd, hi[q], xo);
-          } else {
-            even = V::dot(even, lo[q], xe);
-            odd = V::dot(odd, hi[q], xo);
-          }
-        }
+        for (int q = 0; q < G; ++q)
+          dot_pair<L::kCode>(acc[q][r][(2 * c) % S], acc[q][r][(2 * c + 1) % S], lo[q], hi[q],
+                             xe, xo);
       }
     }
+    I sc[G];
     for (int q = 0; q < G; ++q) {
       const uint8_t* scales = rec + q * a.next + L::kScales + 16 * j + lane0;
-      const I sc = L::kCode ? V::i8x32(scales) : V::u8x32(scales);
-      for (int r = 0; r < R; ++r) {
-        for (int s = 1; s < S; ++s) acc[q][r][0] = V::add(acc[q][r][0], acc[q][r][s]);
-        isum[q][r] = V::add(isum[q][r], V::mul(acc[q][r][0], sc));
-      }
+      sc[q] = L::kCode ? V::i8x32(scales) : V::u8x32(scales);
     }
+    add_scaled(isum, acc, sc);
   }
-  for (int q = 0; q < G; ++q) {
-    const uint8_t* at = rec + q * a.next;
-    Rows out = a;
-    out.y += q * kGroup;
-    const F d = V::half(at + L::kD + 2 * lane0);
-    if constexpr (L::kMin) {
-      I msum[R];
-      min_sums<R, 4>(at + L::kMins, a, lane0, msum);
-      finish<R, true>(isum[q], msum, d, V::half(at + L::kD + 32 + 2 * lane0), out, 0, first);
-    } else {
-      finish<R, false>(isum[q], isum[q], d, V::setf(0.f), out, 0, first);
-    }
-  }
+  finish_groups<G, R, L::kMin, 4>(rec, L::kD, L::kMins, isum, a, lane0, first);
 }
 
 // Q3_K's third bits: bit i of each byte of h, moved to bit 2 (the bytes' other bits cleared);
@@ -191,25 +213,9 @@ void k16(const uint8_t* rec, int64_t /*count*/, const Rows& a, const uint8_t* ah
         for (int q = 0; q < G; ++q)
           two[q][r][k % S] = V::dot(two[q][r][k % S], quants[q][k], xk);
       }
-    for (int q = 0; q < G; ++q) {
-      const I sc = V::i8x32(rec + q * a.next + L::kScales + 16 * j + lane0);
-      for (int r = 0; r < R; ++r) {
-        for (int s = 1; s < S; ++s) two[q][r][0] = V::add(two[q][r][0], two[q][r][s]);
-        isum[q][r] = V::add(isum[q][r], V::mul(two[q][r][0], sc));
-      }
-    }
+    I sc[G];
+    for (int q = 0; q < G; ++q) sc[q] = V::i8x32(rec + q * a.next + L::kScales + 16 * j + lane0);
+    add_scaled(isum, two, sc);
   }
-  for (int q = 0; q < G; ++q) {
-    const uint8_t* at = rec + q * a.next;
-    Rows out = a;
-    out.y += q * kGroup;
-    const F d = V::half(at + L::kD + 2 * lane0);
-    if constexpr (L::kMin) {
-      I msum[R];
-      min_sums<R, 8>(at + L::kMins, a, lane0, msum);
-      finish<R, true>(isum[q], msum, d, V::half(at + L::kD + 32 + 2 * lane0), out, 0, first);
-    } else {
-      finish<R, false>(isum[q], isum[q], d, V::setf(0.f), out, 0, first);
-    }
-  }
+  finish_groups<G, R, L::kMin, 8>(rec, L::kD, L::kMins, isum, a, lane0, first);
 }

@@ -189,17 +189,9 @@ void small(const uint8_t* rec, int64_t count, const Rows& a, const uint8_t* ahea
           small_quants<QT>(rec + q * a.next, c, lane0, low, levels, lo[q], hi[q]);
         for (int r = 0; r < R; ++r) {
           const I xe = bcast(x + r * a.ldx + 8 * c), xo = bcast(x + r * a.ldx + 8 * c + 4);
-          for (int q = 0; q < G; ++q) {
-            I& even = acc[q][r][(2 * c) % S];
-            I& odd = acc[q][r][(2 * c + 1) % S];
-            if constexpr (kCode) {
-              even = V::dot_q8(even, lo[q], xe);
-              odd = V::dot_q8(odd, hi[q], xo);
-            } else {
-              even = V::dot(even, lo[q], xe);
-              odd = V::dot(odd, hi[q], xo);
-            }
-          }
+          for (int q = 0; q < G; ++q)
+            dot_pair<kCode>(acc[q][r][(2 * c) % S], acc[q][r][(2 * c + 1) % S], lo[q], hi[q],
+                            xe, xo);
         }
       }
     }

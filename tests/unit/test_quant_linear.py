@@ -233,7 +233,7 @@ def test_kernel_rows_give_the_bits_of_one_row_passes(isa, qtype):
     module = layer(qtype, 50, 2 * fmt.block, seed=3, bias=torch.randn(50), kernel=True,
                    isa=isa)
     x = torch.randn(27, module.in_features)
-    for rows in (1, 2, 3, 5, 8, 13, 27):
+    for rows in (1, 2, 3, 4, 5, 6, 8, 13, 27):
         for dtype in (torch.float32, torch.bfloat16):
             xs = x[:rows].to(dtype)
             together = module(xs)

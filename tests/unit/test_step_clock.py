@@ -28,6 +28,26 @@ def test_the_tuned_curve_holds_until_a_size_is_measured_often_enough():
         clock.record(4, 0.036)  # a gap at 3: the tuned step from size 2, 1.3 / 1.1
     assert clock.cost(3) == pytest.approx(1.3 / 1.1) and clock.cost(4) == pytest.approx(1.2)
     assert clock.cost(6) == pytest.approx(1.2 + 2 * 0.2 / 3)
+    # Two sizes past the largest measured at the mean step, then the tuned curve's ratios
+    # (extended by its last step, 0.2): a flat start is not carried to large steps.
+    tuned = {6: 1.9, 7: 2.1, 10: 2.7}
+    assert clock.cost(7) == pytest.approx(clock.cost(6) * tuned[7] / tuned[6])
+    assert clock.cost(10) == pytest.approx(clock.cost(6) * tuned[10] / tuned[6])
+
+
+def test_a_flat_start_does_not_make_large_steps_cheap():
+    """Steps of 1-4 tokens measured flat; a step of 16 still costs what the tuned curve's
+    ratios say past the explored sizes, not 16 tokens at the flat start's slope."""
+    tuned = (1.0, 1.04, 1.07, 1.16, 1.25, 1.35, 1.46, 1.57, 1.75, 2.0, 2.2, 2.3)
+    clock = StepClock(tuned, token_cost=0.1, warm_up=1, explore=2)
+    for size, seconds in ((1, 0.060), (2, 0.0606), (3, 0.0612), (4, 0.0618)):
+        clock.record(size, seconds)
+    assert clock.cost(6) == pytest.approx(1.03 + 2 * 0.01)
+    assert clock.cost(12) == pytest.approx(1.05 * 2.3 / 1.35)
+    wide = StepClock(tuned, token_cost=0.1, warm_up=1, explore=32)  # the mean step throughout
+    for size, seconds in ((1, 0.060), (2, 0.0606), (3, 0.0612), (4, 0.0618)):
+        wide.record(size, seconds)
+    assert wide.cost(12) == pytest.approx(1.11)
 
 
 def test_measured_costs_never_decrease_and_follow_a_moving_mean():

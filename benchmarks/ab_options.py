@@ -34,6 +34,14 @@ that far ahead and to L1 512 bytes ahead (``QuantLinear.near``)::
     python benchmarks/ab_options.py --model qwen2.5-coder-1.5b --dataset mtbench --limit 4 \
         --max-new-tokens 128 --variants '{"ar2k": {"method": "autoregressive", "ahead": 2048}, "ar4k": {"method": "autoregressive", "ahead": 4096}}'
 
+A variant ``{"explore": 32}`` prices steps with ``StepClock(explore=32)``: that many sizes
+past the largest a request has measured at the measured sizes' mean step (by default 2,
+then the tuned curve's ratios)::
+
+    python benchmarks/ab_options.py --model qwen2.5-coder-1.5b \
+        --dataset benchmarks/chat-mix-11.jsonl --limit 11 --max-new-tokens 256 --variants \
+        '{"ar": {"method": "autoregressive"}, "slope": {"share": true, "explore": 32}, "now": {"share": true}}'
+
 Prints a line per prompt and variant, then per variant the decode-only tok/s (new tokens
 after the first over the seconds after the first token: the prompt's prefill is the same
 for all), tokens per step and tokens fed per step, and per prompt group (the JSONL
@@ -53,11 +61,13 @@ from pathlib import Path
 
 import torch
 
+import lookahead.proposers.gauges as gauges
 import lookahead.proposers.lookahead as lookahead_proposer
 from lookahead import SuccessorTable, generate
 from lookahead.bench.datasets import encode_prompt, load_prompts
 from lookahead.kernels.quant_linear import QuantLinear
 from lookahead.models.load import load_model
+from lookahead.proposers.step_clock import StepClock
 
 
 def proposer_at(revision: str) -> type:
@@ -89,6 +99,23 @@ def proposer(cls: type | None):
         yield
     finally:
         lookahead_proposer.LookaheadProposer = current
+
+
+@contextmanager
+def exploring(sizes: int | None):
+    """Inside, requests price their steps with ``StepClock(explore=sizes)`` (as they do if
+    None)."""
+    if sizes is None:
+        yield
+        return
+    if isinstance(sizes, bool) or not isinstance(sizes, int) or sizes < 0:
+        raise SystemExit(f"--variants: explore: expected sizes >= 0, got {sizes!r}")
+    current = gauges.StepClock
+    gauges.StepClock = lambda *args, **kwargs: StepClock(*args, explore=sizes, **kwargs)
+    try:
+        yield
+    finally:
+        gauges.StepClock = current
 
 
 @contextmanager
@@ -143,9 +170,11 @@ def run(model, tokenizer, prompts, variants: dict, max_new_tokens: int) -> dict:
             opts.pop("proposer_at", None)
             hint = opts.pop("nontemporal", None)
             ahead, near = opts.pop("ahead", None), opts.pop("near", None)
+            explore = opts.pop("explore", None)
             if opts.pop("share", False):
                 opts["successors"] = tables[name]
-            with proposer(classes.get(name)), prefetch_hint(model, hint, ahead, near):
+            with proposer(classes.get(name)), prefetch_hint(model, hint, ahead, near), \
+                    exploring(explore):
                 stats = (result := generate(model, ids, max_new_tokens=max_new_tokens,
                                             method=method, do_sample=False, **opts)).stats
             group = groups.setdefault((prompt.category or prompt.id, name), [0, 0.0])
@@ -181,7 +210,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--variants", required=True,
                         help='JSON: {"name": {generate keywords, "method": ..., "share": bool, '
                              '"proposer_at": REV, "nontemporal": bool, "ahead": bytes, '
-                             '"near": bytes}}')
+                             '"near": bytes, "explore": sizes}}')
     args = parser.parse_args(argv)
     variants = json.loads(args.variants)
     if not isinstance(variants, dict) or not all(isinstance(v, dict) for v in variants.values()):

@@ -97,3 +97,18 @@ def test_a_prefetch_hint_that_is_not_true_or_false_is_refused(tiny_lm):
     with pytest.raises(SystemExit, match="nontemporal: expected true or false, got 'yes'"):
         with ab["prefetch_hint"](tiny_lm("llama"), "yes"):
             pass
+
+
+def test_an_explore_variant_reaches_the_step_clock_and_is_undone(tiny_lm):
+    import lookahead.proposers.gauges as gauges
+
+    ab = runpy.run_path(str(SCRIPT))
+    current = gauges.StepClock
+    with ab["exploring"](5):
+        clock = gauges.DepthGauge(0.1, step_costs=(1.0, 1.2, 1.5)).clock
+        assert clock.explore == 5
+    assert gauges.StepClock is current
+    assert gauges.DepthGauge(0.1, step_costs=(1.0, 1.2)).clock.explore == 2
+    with pytest.raises(SystemExit, match="explore: expected sizes >= 0, got -1"):
+        with ab["exploring"](-1):
+            pass

@@ -99,7 +99,7 @@ def test_a_prefetch_hint_that_is_not_true_or_false_is_refused(tiny_lm):
             pass
 
 
-def test_an_explore_variant_reaches_the_step_clock_and_is_undone(tiny_lm):
+def test_an_explore_variant_reaches_the_step_clock_and_is_undone():
     import lookahead.proposers.gauges as gauges
 
     ab = runpy.run_path(str(SCRIPT))

@@ -36,8 +36,8 @@ def test_the_tuned_curve_holds_until_a_size_is_measured_often_enough():
 
 
 def test_a_flat_start_does_not_make_large_steps_cheap():
-    """Steps of 1-4 tokens measured flat; a step of 16 still costs what the tuned curve's
-    ratios say past the explored sizes, not 16 tokens at the flat start's slope."""
+    """Steps of 1-4 tokens measured flat; a step of 12 still costs what the tuned curve's
+    ratios say past the explored sizes, not 12 tokens at the flat start's slope."""
     tuned = (1.0, 1.04, 1.07, 1.16, 1.25, 1.35, 1.46, 1.57, 1.75, 2.0, 2.2, 2.3)
     clock = StepClock(tuned, token_cost=0.1, warm_up=1, explore=2)
     for size, seconds in ((1, 0.060), (2, 0.0606), (3, 0.0612), (4, 0.0618)):

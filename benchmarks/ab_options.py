@@ -57,6 +57,7 @@ import subprocess
 import sys
 import tempfile
 from contextlib import contextmanager
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -91,31 +92,30 @@ def proposer_at(revision: str) -> type:
 
 
 @contextmanager
-def proposer(cls: type | None):
-    """``method="lookahead"`` builds ``cls``'s proposers inside (the current one if None)."""
-    current = lookahead_proposer.LookaheadProposer
-    lookahead_proposer.LookaheadProposer = cls or current
+def swapped(module, name: str, value):
+    """Inside, ``module.name`` is ``value``; it is what it was again on the way out."""
+    current = getattr(module, name)
+    setattr(module, name, value)
     try:
         yield
     finally:
-        lookahead_proposer.LookaheadProposer = current
+        setattr(module, name, current)
 
 
-@contextmanager
+def proposer(cls: type | None):
+    """``method="lookahead"`` builds ``cls``'s proposers inside (the current one if None)."""
+    return swapped(lookahead_proposer, "LookaheadProposer",
+                   cls or lookahead_proposer.LookaheadProposer)
+
+
 def exploring(sizes: int | None):
     """Inside, requests price their steps with ``StepClock(explore=sizes)`` (as they do if
     None)."""
     if sizes is None:
-        yield
-        return
+        return swapped(gauges, "StepClock", gauges.StepClock)
     if isinstance(sizes, bool) or not isinstance(sizes, int) or sizes < 0:
         raise SystemExit(f"--variants: explore: expected sizes >= 0, got {sizes!r}")
-    current = gauges.StepClock
-    gauges.StepClock = lambda *args, **kwargs: StepClock(*args, explore=sizes, **kwargs)
-    try:
-        yield
-    finally:
-        gauges.StepClock = current
+    return swapped(gauges, "StepClock", partial(StepClock, explore=sizes))
 
 
 @contextmanager

@@ -15,6 +15,7 @@ import copy
 
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import pytest
@@ -238,10 +239,16 @@ def _factories():
     return [*found, pytest.param(QuantLinear, supported_qtypes(), id="quant_linear")]
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize(("factory", "supported"), _factories())
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-def test_smollm2_logits_match_the_dequantised_model(factory, supported, dtype, tmp_path):
+class Smollm2Reference(NamedTuple):
+    cache_dir: Path  # holds the model's config and tokenizer, read from its GGUF
+    ids: torch.Tensor  # a chat prompt [1, L]
+    logits: torch.Tensor  # transformers' de-quantised model's, float32 [1, L, V]
+
+
+@pytest.fixture(scope="module")
+def smollm2_reference(tmp_path_factory) -> Smollm2Reference:
+    """The bundled SmolLM2 read once for every kernel and dtype: de-quantising it takes some
+    15 s, reading its GGUF's config and tokenizer 7 s (cached here for the tests' loads)."""
     from lookahead.models.gguf import find_gguf
     from lookahead.models.load import chat_prompt
     from lookahead.models.registry import ModelNotAvailableError, get_model_spec
@@ -250,12 +257,27 @@ def test_smollm2_logits_match_the_dequantised_model(factory, supported, dtype, t
         path = find_gguf(get_model_spec("smollm2-135m"))
     except ModelNotAvailableError as error:
         pytest.skip(str(error))
-    model, tokenizer = load_quantized_model("smollm2-135m", factory, dtype, cache_dir=tmp_path,
-                                            supported_qtypes=supported)
-    reference = _dequantised_reference(path, torch.float32)
+    cache_dir = tmp_path_factory.mktemp("smollm2")
+    _, tokenizer = load_quantized_model("smollm2-135m", DequantisingLinear, torch.float32,
+                                        cache_dir=cache_dir)
     ids = chat_prompt(tokenizer, "Write a Python function that returns the n-th prime.")
+    reference = _dequantised_reference(path, torch.float32)
     with torch.inference_mode():
-        ours, theirs = model(ids).logits.float(), reference(ids).logits
+        logits = reference(ids).logits
+    return Smollm2Reference(cache_dir, ids, logits)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("factory", "supported"), _factories())
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_smollm2_logits_match_the_dequantised_model(factory, supported, dtype,
+                                                    smollm2_reference):
+    model, _ = load_quantized_model("smollm2-135m", factory, dtype,
+                                    cache_dir=smollm2_reference.cache_dir,
+                                    supported_qtypes=supported)
+    ids, theirs = smollm2_reference.ids, smollm2_reference.logits
+    with torch.inference_mode():
+        ours = model(ids).logits.float()
     agree = (ours.argmax(-1) == theirs.argmax(-1)).float().mean().item()
     error = (ours - theirs).abs().max().item() / theirs.abs().max().item()
     if factory is DequantisingLinear and dtype == torch.float32:  # the same sums, in order

@@ -16,6 +16,7 @@ import os
 import pytest
 import torch
 import transformers
+from hub_cache import use_hub_cache
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -293,7 +294,11 @@ def test_bench_packs_bfloat16_and_labels_the_setting() -> None:
                     ("lookahead", "bfloat16+packed")]
 
 
-def test_bench_runs_quantized_only_where_a_gguf_model_can_and_says_so_by_name() -> None:
+def test_bench_runs_quantized_only_where_a_gguf_model_can_and_says_so_by_name(
+        monkeypatch, tmp_path) -> None:
+    # The hub offline, its cache empty: the hub name is found nowhere, so it is no GGUF (and
+    # no network is waited for: asking the hub retries for some 20 s where it is unreachable).
+    use_hub_cache(monkeypatch, tmp_path / "hub")
     assert BenchConfig(packed_weights="quantized").setting == "quantized"
     with pytest.raises(ValueError, match="packed_weights='quantized': the model is not a GGUF"):
         BenchConfig(model="no/such-folder", packed_weights=Kernel.QUANTIZED)

@@ -7,12 +7,12 @@ Ctrl-C (or ``kill -9``) leaves the file, and every later load would hang. So eve
 runs under an ``flock`` (released by the kernel when its holder dies); holding it, a ``lock`` file
 can only be such a leftover, and it is removed with a warning (:mod:`lookahead.cache_files`).
 
-A first compile takes a minute or two and PyTorch's builder says nothing meanwhile, so it is
-announced with a warning: a stamp file in the build folder records what was last built there
-(sources, flags, torch version); when it differs, the build compiles. Each build is tried once
-per process (``functools.cache`` on :func:`_build_once`, keyed by name, folder, sources and
-flags): a failed one is remembered and raised again for every later caller -- a model asks for
-its kernel once per layer -- instead of starting the compiler each time.
+A first compile takes 15 to 30 s (longer on a busy machine) and PyTorch's builder says nothing
+meanwhile, so it is announced with a warning: a stamp file in the build folder records what was
+last built there (sources, flags, torch version); when it differs, the build compiles. Each
+build is tried once per process (``functools.cache`` on :func:`_build_once`, keyed by name,
+folder, sources and flags): a failed one is remembered and raised again for every later caller
+-- a model asks for its kernel once per layer -- instead of starting the compiler each time.
 """
 
 from __future__ import annotations
@@ -31,10 +31,12 @@ from lookahead import cache_files
 logger = logging.getLogger(__name__)
 
 # What a first compile of one kernel takes: quant_linear, row_ops and invariant_attention
-# (AVX-512 builds) took 78, 69 and 74 s with 2 cores (AMD EPYC, g++ 12, a busy machine); a
-# first quantized load compiles all three.
-_FIRST_COMPILE = "about 1-2 minutes on 2 cores"
+# (AVX-512 builds) took 27, 13 and 13 s with 2 cores (Intel Xeon, g++ 12, an idle machine;
+# aten_light.h's note); a first quantized load compiles all three.
+_FIRST_COMPILE = "about 15-30 s on 2 cores"
 _STAMP = "lookahead.built"
+# What every kernel includes from PyTorch, in place of <torch/extension.h> (why: in the file)
+COMMON_HEADER = Path(__file__).parent / "csrc" / "aten_light.h"
 
 
 def build_folder(name: str) -> Path:
@@ -49,7 +51,7 @@ def compile_kernel(name: str, sources: list[Path], cflags: list[str],
                    headers: tuple[Path, ...] = ()) -> ModuleType:
     """Compile (first time) or load the extension ``name`` from ``sources`` with OpenMP.
 
-    ``headers``: files the sources include. PyTorch's builder decides whether to rebuild from
+    ``headers``: files the sources include (``COMMON_HEADER`` always). PyTorch's builder decides whether to rebuild from
     the sources and flags alone, so a hash of the headers goes into the flags (as a macro
     that nothing reads): a changed header rebuilds the kernel instead of loading a stale one.
 
@@ -60,9 +62,9 @@ def compile_kernel(name: str, sources: list[Path], cflags: list[str],
         RuntimeError: the build failed (no compiler, say), now or earlier in this process;
             its cause is the builder's own error.
     """
-    if headers:
-        digest = hashlib.sha256(b"".join(Path(h).read_bytes() for h in headers)).hexdigest()
-        cflags = [*cflags, f"-DLOOKAHEAD_HEADERS_SHA256_{digest[:16]}"]
+    headers = (*headers, COMMON_HEADER)
+    digest = hashlib.sha256(b"".join(Path(h).read_bytes() for h in headers)).hexdigest()
+    cflags = [*cflags, f"-DLOOKAHEAD_HEADERS_SHA256_{digest[:16]}"]
     outcome = _build_once(name, build_folder(name), tuple(str(s) for s in sources),
                           tuple(cflags))
     if outcome.error is not None:

@@ -157,7 +157,7 @@ def load_quant_kernel(isa: str | None = None) -> ModuleType:
     isa = best_isa() if isa is None else isa
     if isa not in ISA_FLAGS:
         raise ValueError(f"isa: expected one of {sorted(ISA_FLAGS)}, got {isa!r}")
-    logger.info("loading the %s quantized kernel (compiled on first use, about a minute)", isa)
+    logger.info("loading the %s quantized kernel (compiled on first use, about half a minute)", isa)
     # -ffp-contract=off: no fused multiply-adds, so the float steps round as the reference's
     return compile_kernel(f"lookahead_quant_linear_{isa}", [SOURCE],
                           ["-O3", "-ffp-contract=off", *ISA_FLAGS[isa]], headers=HEADERS)

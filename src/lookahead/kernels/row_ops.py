@@ -51,8 +51,8 @@ def load_row_ops() -> ModuleType:
 def built_argmax() -> Callable[[torch.Tensor], torch.Tensor] | None:
     """The compiled argmax (float32 [N, V], rows contiguous -> int64 [N], torch.argmax's
     answer) where this process has already built the row operations (loading a quantized
-    model does), else None. It never starts a build: a first one takes about a minute, which
-    a de-quantised model's decoding should not wait for."""
+    model does), else None. It never starts a build: a first one takes some 15 s, which a
+    de-quantised model's decoding should not wait for."""
     if load_row_ops.cache_info().currsize == 0:
         return None
     return load_row_ops().argmax

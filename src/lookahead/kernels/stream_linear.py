@@ -46,7 +46,7 @@ def load_stream_kernel() -> ModuleType:
     capability = torch.backends.cpu.get_cpu_capability()
     if not capability.startswith("AVX512"):
         raise RuntimeError(f"the stream kernel needs AVX-512; this CPU's best is {capability}")
-    logger.info("loading the stream kernel (compiled on first use, about a minute)")
+    logger.info("loading the stream kernel (compiled on first use, some 15 s)")
     return compile_kernel("lookahead_stream_linear", [SOURCE], ["-O3", "-mavx512f"])
 
 

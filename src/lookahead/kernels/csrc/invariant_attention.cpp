@@ -26,8 +26,7 @@
 // once for 16 keys (12 heads x 240 keys: 27 -> 17 us for one row, 83 -> 59 us for four). A
 // row that sees its keys without a gap lists them and sums its weights with whole loads
 // (the same lanes in the same order): 17 -> 15 us and 58 -> 49 us.
-#include <torch/extension.h>
-#include <ATen/Parallel.h>
+#include "aten_light.h"  // not <torch/extension.h>: why in aten_light.h
 
 #include <algorithm>
 #include <cmath>
@@ -268,7 +267,7 @@ void attend_rows(const float* const* q, const float* key, const float* value,
 
 // Whether an additive mask holds only 0 (sees) and masked values (at most -1e30): else it is
 // a bias, which this kernel does not add.
-bool only_masks(const torch::Tensor& mask, int64_t keys) {
+bool only_masks(const at::Tensor& mask, int64_t keys) {
   const float* m = mask.data_ptr<float>();
   for (int64_t b = 0; b < mask.size(0); ++b)
     for (int64_t t = 0; t < mask.size(1); ++t) {
@@ -283,10 +282,10 @@ bool only_masks(const torch::Tensor& mask, int64_t keys) {
 // float32: 0 where a row sees the key; the last dimension contiguous) or empty (causal when
 // ``causal``, else every key) -> output [B, T, H, D], float32; undefined (None) for an additive
 // mask that is a bias.
-torch::Tensor attend(torch::Tensor query, torch::Tensor key, torch::Tensor value,
-                     torch::Tensor mask, bool causal, double scale) {
-  TORCH_CHECK(query.scalar_type() == torch::kFloat32 && key.scalar_type() == torch::kFloat32 &&
-              value.scalar_type() == torch::kFloat32, "invariant attention takes float32");
+at::Tensor attend(at::Tensor query, at::Tensor key, at::Tensor value,
+                     at::Tensor mask, bool causal, double scale) {
+  TORCH_CHECK(query.scalar_type() == at::kFloat && key.scalar_type() == at::kFloat &&
+              value.scalar_type() == at::kFloat, "invariant attention takes float32");
   // Strided views are read in place (a cache's keys are a view of a larger buffer, the
   // query a transposed projection): copying them cost 2 x 30 us a layer at 600 keys.
   TORCH_CHECK(query.dim() == 4 && key.dim() == 4 && value.dim() == 4 && query.stride(3) == 1 &&
@@ -300,16 +299,16 @@ torch::Tensor attend(torch::Tensor query, torch::Tensor key, torch::Tensor value
                  key.stride(2), value.stride(2)};
   TORCH_CHECK(s.heads % s.kv_heads == 0, "query heads must be a multiple of key/value heads");
   const bool masked = mask.numel() > 0;
-  const bool additive = masked && mask.scalar_type() == torch::kFloat32;
+  const bool additive = masked && mask.scalar_type() == at::kFloat;
   if (masked)
-    TORCH_CHECK((additive || mask.scalar_type() == torch::kBool) && mask.dim() == 3 &&
+    TORCH_CHECK((additive || mask.scalar_type() == at::kBool) && mask.dim() == 3 &&
                 (mask.size(0) == s.batch || mask.size(0) == 1) && mask.size(1) == s.rows &&
                 mask.size(2) >= s.keys && mask.stride(2) == 1,
                 "mask must be bool or float32 [B or 1, T, >= S], its last dimension contiguous");
-  if (additive && !only_masks(mask, s.keys)) return torch::Tensor();
+  if (additive && !only_masks(mask, s.keys)) return at::Tensor();
   const int64_t mask_batch = masked && mask.size(0) > 1 ? mask.stride(0) : 0;
   const int64_t mask_row = masked ? mask.stride(1) : 0;
-  auto out = torch::empty({s.batch, s.rows, s.heads, s.dim}, query.options());
+  auto out = at::empty({s.batch, s.rows, s.heads, s.dim}, query.options());
   const int64_t groups = s.heads / s.kv_heads;
   const int64_t per_kv = groups * s.rows;  // query rows that read one key/value head
   const int64_t blocks = (per_kv + kRowsAtOnce - 1) / kRowsAtOnce;

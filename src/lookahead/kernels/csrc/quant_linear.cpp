@@ -34,8 +34,7 @@
 // Built twice by quant_linear.py: with -mavx512vnni (and BW, VL, F16C) or with -mavx2 and
 // F16C; the same templates serve both through the traits struct V, defined per build in
 // quant_isa.h (the kernels for blocks of 256 inputs are in quant_blocks.h).
-#include <torch/extension.h>
-#include <ATen/Parallel.h>
+#include "aten_light.h"  // not <torch/extension.h>: why in aten_light.h
 #include <immintrin.h>
 
 #include <algorithm>
@@ -354,10 +353,10 @@ void quantize_rows(const float* x, int64_t n, int64_t width, int64_t block, int6
 }
 
 // y [N, O] float32 += bias [O] (float32 sums, as PyTorch's y + bias rounds them)
-void add_bias(torch::Tensor& y, const torch::Tensor& bias) {
+void add_bias(at::Tensor& y, const at::Tensor& bias) {
   TORCH_CHECK(bias.dim() == 1 && bias.size(0) == y.size(1), "bias: expected [", y.size(1),
               "], got ", bias.sizes());
-  const torch::Tensor b = bias.to(torch::kFloat).contiguous();
+  const at::Tensor b = bias.to(at::kFloat).contiguous();
   const float* pb = b.data_ptr<float>();
   float* py = y.data_ptr<float>();
   const int64_t n = y.size(0), o = y.size(1);
@@ -374,8 +373,8 @@ void add_bias(torch::Tensor& y, const torch::Tensor& bias) {
 // where not 0, the bytes ahead to ask for them to L1, the far ones going to L2 (kNear's). The
 // leading dimensions and the bias are handled here, not in Python: a decoding step calls this
 // about 200 times, and each Python-side reshape or add cost a microsecond or two.
-torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& records, int64_t qtype,
-                     int64_t out_features, const c10::optional<torch::Tensor>& bias,
+at::Tensor linear(const at::Tensor& x, const at::Tensor& records, int64_t qtype,
+                     int64_t out_features, const c10::optional<at::Tensor>& bias,
                      bool float_output, int64_t tile, int64_t distance, bool nontemporal,
                      int64_t near) {
   const Format f = format_of(qtype);
@@ -386,7 +385,7 @@ torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& records, int64
   TORCH_CHECK(x.dim() >= 1 && (!float_output || x.dim() == 2),
               "x: expected [..., in_features] ([rows, in_features] for the sums), got ",
               x.sizes());
-  TORCH_CHECK(records.dim() == 3 && records.scalar_type() == torch::kUInt8 &&
+  TORCH_CHECK(records.dim() == 3 && records.scalar_type() == at::kByte &&
               records.size(2) == f.record && records.is_contiguous(),
               "records: expected contiguous uint8 [groups, blocks, ", f.record, "]");
   const int64_t width = x.size(-1), groups = records.size(0), blocks = records.size(1);
@@ -394,14 +393,14 @@ torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& records, int64
               x.sizes());
   const int64_t n = x.numel() / width;
   TORCH_CHECK(out_features <= groups * kGroup, "out_features: at most ", groups * kGroup);
-  const torch::Tensor xf = x.to(torch::kFloat).contiguous();
-  auto bytes = x.options().dtype(torch::kInt8);
-  torch::Tensor xq = torch::empty({n, width}, bytes);
-  torch::Tensor dx = torch::empty({n, blocks}, x.options().dtype(torch::kFloat));
-  torch::Tensor xs = torch::empty({n, width / f.sub}, x.options().dtype(torch::kInt16));
+  const at::Tensor xf = x.to(at::kFloat).contiguous();
+  auto bytes = x.options().dtype(at::kChar);
+  at::Tensor xq = at::empty({n, width}, bytes);
+  at::Tensor dx = at::empty({n, blocks}, x.options().dtype(at::kFloat));
+  at::Tensor xs = at::empty({n, width / f.sub}, x.options().dtype(at::kShort));
   quantize_rows(xf.data_ptr<float>(), n, width, f.block, f.sub, xq.data_ptr<int8_t>(),
                 dx.data_ptr<float>(), xs.data_ptr<int16_t>());
-  torch::Tensor y = torch::empty({n, groups * kGroup}, x.options().dtype(torch::kFloat));
+  at::Tensor y = at::empty({n, groups * kGroup}, x.options().dtype(at::kFloat));
   const Rows all{xq.data_ptr<int8_t>(), width, dx.data_ptr<float>(), blocks,
                  xs.data_ptr<int16_t>(), width / f.sub, y.data_ptr<float>(), groups * kGroup,
                  n <= tile && nontemporal, near > 0 ? distance - near : 0};
@@ -433,14 +432,14 @@ torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& records, int64
 
 // The activations as the kernel quantizes them (for tests): x float32 [N, I] ->
 // (xq int8 [N, I], dx float32 [N, I / block], xs int16 [N, I / sub])
-std::vector<torch::Tensor> quantize(const torch::Tensor& x, int64_t block, int64_t sub) {
-  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat && x.size(1) % block == 0 &&
+std::vector<at::Tensor> quantize(const at::Tensor& x, int64_t block, int64_t sub) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.size(1) % block == 0 &&
               block % sub == 0, "x: expected float32 [N, I] with I a multiple of ", block);
-  const torch::Tensor xf = x.contiguous();
+  const at::Tensor xf = x.contiguous();
   const int64_t n = x.size(0), width = x.size(1);
-  torch::Tensor xq = torch::empty({n, width}, x.options().dtype(torch::kInt8));
-  torch::Tensor dx = torch::empty({n, width / block}, x.options());
-  torch::Tensor xs = torch::empty({n, width / sub}, x.options().dtype(torch::kInt16));
+  at::Tensor xq = at::empty({n, width}, x.options().dtype(at::kChar));
+  at::Tensor dx = at::empty({n, width / block}, x.options());
+  at::Tensor xs = at::empty({n, width / sub}, x.options().dtype(at::kShort));
   quantize_rows(xf.data_ptr<float>(), n, width, block, sub, xq.data_ptr<int8_t>(),
                 dx.data_ptr<float>(), xs.data_ptr<int16_t>());
   return {xq, dx, xs};

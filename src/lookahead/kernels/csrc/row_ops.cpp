@@ -8,8 +8,7 @@
 // computed alone, its sums in one fixed order (16 lanes, then the lanes pairwise), so a row's
 // bits do not depend on the rows beside it, which the quantized path's guarantee needs
 // (docs/quantized-kernel.md). Build with -ffp-contract=off.
-#include <torch/extension.h>
-#include <ATen/Parallel.h>
+#include "aten_light.h"  // not <torch/extension.h>: why in aten_light.h
 
 #include <algorithm>
 #include <cmath>
@@ -46,19 +45,19 @@ float sum_of_squares(const float* x, int64_t n) {
   return sum;
 }
 
-void check_rows(const torch::Tensor& x, const char* name) {
-  TORCH_CHECK(x.scalar_type() == torch::kFloat32 && x.dim() == 2 && x.is_contiguous(), name,
+void check_rows(const at::Tensor& x, const char* name) {
+  TORCH_CHECK(x.scalar_type() == at::kFloat && x.dim() == 2 && x.is_contiguous(), name,
               " must be contiguous float32 [N, D], got ", x.scalar_type(), " ", x.sizes());
 }
 
 // x [N, D] -> weight * (x * 1 / sqrt(mean(x^2) + eps)), row by row.
-torch::Tensor rms_norm(torch::Tensor x, torch::Tensor weight, double eps) {
+at::Tensor rms_norm(at::Tensor x, at::Tensor weight, double eps) {
   check_rows(x, "x");
   const int64_t rows = x.size(0), n = x.size(1);
-  TORCH_CHECK(weight.scalar_type() == torch::kFloat32 && weight.dim() == 1 &&
+  TORCH_CHECK(weight.scalar_type() == at::kFloat && weight.dim() == 1 &&
               weight.size(0) == n && weight.is_contiguous(),
               "weight must be contiguous float32 [", n, "]");
-  auto out = torch::empty_like(x);
+  auto out = at::empty_like(x);
   const float* xs = x.data_ptr<float>();
   const float* w = weight.data_ptr<float>();
   float* o = out.data_ptr<float>();
@@ -77,13 +76,13 @@ torch::Tensor rms_norm(torch::Tensor x, torch::Tensor weight, double eps) {
 }
 
 // gate, up [N, I] -> [N, I]: silu(gate) * up, silu(g) = g / (1 + e^-g).
-torch::Tensor silu_mul(torch::Tensor gate, torch::Tensor up) {
+at::Tensor silu_mul(at::Tensor gate, at::Tensor up) {
   check_rows(gate, "gate");
   check_rows(up, "up");
   TORCH_CHECK(gate.sizes() == up.sizes(), "gate and up must have one shape, got ",
               gate.sizes(), " and ", up.sizes());
   const int64_t rows = gate.size(0), width = gate.size(1);
-  auto out = torch::empty_like(gate);
+  auto out = at::empty_like(gate);
   const float* g = gate.data_ptr<float>();
   const float* u = up.data_ptr<float>();
   float* o = out.data_ptr<float>();
@@ -98,8 +97,8 @@ torch::Tensor silu_mul(torch::Tensor gate, torch::Tensor up) {
 // One tensor's rotary embedding, as transformers' apply_rotary_pos_emb computes it:
 // x * cos + rotate_half(x) * sin, where rotate_half(x) = (-x[half:], x[:half]); each product
 // rounded, then the sum (no fused multiply-add), so the bits are PyTorch's.
-void rotate_rows(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin,
-                 torch::Tensor& out) {
+void rotate_rows(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
+                 at::Tensor& out) {
   const int64_t batch = x.size(0), tokens = x.size(1), heads = x.size(2), dim = x.size(3);
   const int64_t half = dim / 2, cos_batch = cos.size(0) > 1 ? tokens * dim : 0;
   const float* xs = x.data_ptr<float>();
@@ -121,10 +120,10 @@ void rotate_rows(const torch::Tensor& x, const torch::Tensor& cos, const torch::
 
 // query [B, T, H, D], key [B, T, Hkv, D], cos, sin [B or 1, T, D] (contiguous float32) ->
 // the rotated query and key, in the same shapes.
-std::tuple<torch::Tensor, torch::Tensor> rotary(torch::Tensor query, torch::Tensor key,
-                                                torch::Tensor cos, torch::Tensor sin) {
-  for (const torch::Tensor* x : {&query, &key, &cos, &sin})
-    TORCH_CHECK(x->scalar_type() == torch::kFloat32 && x->is_contiguous(),
+std::tuple<at::Tensor, at::Tensor> rotary(at::Tensor query, at::Tensor key,
+                                                at::Tensor cos, at::Tensor sin) {
+  for (const at::Tensor* x : {&query, &key, &cos, &sin})
+    TORCH_CHECK(x->scalar_type() == at::kFloat && x->is_contiguous(),
                 "rotary takes contiguous float32 tensors, got ", x->scalar_type(), " ",
                 x->sizes());
   TORCH_CHECK(query.dim() == 4 && key.dim() == 4 && query.size(0) == key.size(0) &&
@@ -135,8 +134,8 @@ std::tuple<torch::Tensor, torch::Tensor> rotary(torch::Tensor query, torch::Tens
               (cos.size(0) == 1 || cos.size(0) == query.size(0)) &&
               cos.size(1) == query.size(1) && cos.size(2) == query.size(3),
               "cos and sin must be [B or 1, T, D], got ", cos.sizes(), " and ", sin.sizes());
-  auto rotated_query = torch::empty_like(query);
-  auto rotated_key = torch::empty_like(key);
+  auto rotated_query = at::empty_like(query);
+  auto rotated_key = at::empty_like(key);
   rotate_rows(query, cos, sin, rotated_query);
   rotate_rows(key, cos, sin, rotated_key);
   return {rotated_query, rotated_key};
@@ -177,13 +176,13 @@ int64_t first_maximum(const float* x, int64_t n) {
 }
 
 // logits [N, V] float32 (V >= 1, rows contiguous) -> int64 [N], each row's first_maximum.
-torch::Tensor argmax_rows(torch::Tensor logits) {
-  TORCH_CHECK(logits.scalar_type() == torch::kFloat32 && logits.dim() == 2 &&
+at::Tensor argmax_rows(at::Tensor logits) {
+  TORCH_CHECK(logits.scalar_type() == at::kFloat && logits.dim() == 2 &&
               logits.size(1) >= 1 && logits.stride(1) == 1,
               "logits must be float32 [N, V >= 1] with contiguous rows, got ",
               logits.scalar_type(), " ", logits.sizes());
   const int64_t rows = logits.size(0), n = logits.size(1), row = logits.stride(0);
-  auto out = torch::empty({rows}, logits.options().dtype(torch::kInt64));
+  auto out = at::empty({rows}, logits.options().dtype(at::kLong));
   const float* x = logits.data_ptr<float>();
   int64_t* o = out.data_ptr<int64_t>();
   at::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {
@@ -231,14 +230,14 @@ void top_row(const float* x, int64_t n, int64_t k, int64_t* out) {
 }
 
 // scores [N, V] float32 (rows contiguous), 1 <= k <= min(V, 64) -> int64 [N, k].
-torch::Tensor top_k_rows(torch::Tensor scores, int64_t k) {
-  TORCH_CHECK(scores.scalar_type() == torch::kFloat32 && scores.dim() == 2 &&
+at::Tensor top_k_rows(at::Tensor scores, int64_t k) {
+  TORCH_CHECK(scores.scalar_type() == at::kFloat && scores.dim() == 2 &&
               scores.stride(1) == 1, "scores must be float32 [N, V] with contiguous rows, got ",
               scores.scalar_type(), " ", scores.sizes());
   TORCH_CHECK(k >= 1 && k <= std::min<int64_t>(scores.size(1), kMaxTop),
               "k must be in 1 .. min(V, ", kMaxTop, "), got ", k, " for V = ", scores.size(1));
   const int64_t rows = scores.size(0), n = scores.size(1), row = scores.stride(0);
-  auto out = torch::empty({rows, k}, scores.options().dtype(torch::kInt64));
+  auto out = at::empty({rows, k}, scores.options().dtype(at::kLong));
   const float* x = scores.data_ptr<float>();
   int64_t* o = out.data_ptr<int64_t>();
   at::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {

@@ -14,8 +14,7 @@
 // Each output is summed in blocks of kBlock inputs, each block in order, and the blocks' sums
 // added in order: the same whatever the number of rows, so a row's result does not depend on
 // the rows beside it (a pass of k tokens gives, row by row, the bits of k passes of one).
-#include <torch/extension.h>
-#include <ATen/Parallel.h>
+#include "aten_light.h"  // not <torch/extension.h>: why in aten_light.h
 #include <immintrin.h>
 
 #include <array>
@@ -87,8 +86,8 @@ constexpr auto kByRows = rows_table(std::make_integer_sequence<int, kRows>{});
 }  // namespace
 
 // weight [O, I] bfloat16, O a multiple of 32 and I of 2 -> [O/16, I/2, 16, 2]
-torch::Tensor pack(const torch::Tensor& weight) {
-  TORCH_CHECK(weight.dim() == 2 && weight.scalar_type() == torch::kBFloat16,
+at::Tensor pack(const at::Tensor& weight) {
+  TORCH_CHECK(weight.dim() == 2 && weight.scalar_type() == at::kBFloat16,
               "weight: expected a 2-D bfloat16 tensor");
   const int64_t out = weight.size(0), in = weight.size(1);
   TORCH_CHECK(out % (2 * kLanes) == 0 && in % 2 == 0,
@@ -99,14 +98,14 @@ torch::Tensor pack(const torch::Tensor& weight) {
 
 // x [N, I] bfloat16, packed [O/16, I/2, 16, 2], bias [O] or empty -> [N, O] bfloat16, or the
 // float32 sums themselves with float_output (for tests: bfloat16's rounding hides their order)
-torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& packed,
-                     const c10::optional<torch::Tensor>& bias, bool float_output) {
-  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kBFloat16, "x: expected 2-D bfloat16");
+at::Tensor linear(const at::Tensor& x, const at::Tensor& packed,
+                     const c10::optional<at::Tensor>& bias, bool float_output) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kBFloat16, "x: expected 2-D bfloat16");
   const int64_t n = x.size(0), in = x.size(1), blocks = packed.size(0);
   TORCH_CHECK(packed.size(1) * 2 == in, "x: expected ", packed.size(1) * 2, " features");
   const int64_t out = blocks * kLanes;
-  const torch::Tensor xt = x.to(torch::kFloat).t().contiguous();  // [I, N]
-  torch::Tensor y = torch::empty({n, out}, x.options().dtype(torch::kFloat));
+  const at::Tensor xt = x.to(at::kFloat).t().contiguous();  // [I, N]
+  at::Tensor y = at::empty({n, out}, x.options().dtype(at::kFloat));
   const auto* w = reinterpret_cast<const uint32_t*>(packed.data_ptr());
   const float* xs = xt.data_ptr<float>();
   float* ys = y.data_ptr<float>();
@@ -120,8 +119,8 @@ torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& packed,
       }
     }
   });
-  if (bias.has_value() && bias->defined()) y.add_(bias->to(torch::kFloat));
-  return float_output ? y : y.to(torch::kBFloat16);
+  if (bias.has_value() && bias->defined()) y.add_(bias->to(at::kFloat));
+  return float_output ? y : y.to(at::kBFloat16);
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {

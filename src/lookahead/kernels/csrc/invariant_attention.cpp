@@ -283,7 +283,7 @@ bool only_masks(const at::Tensor& mask, int64_t keys) {
 // ``causal``, else every key) -> output [B, T, H, D], float32; undefined (None) for an additive
 // mask that is a bias.
 at::Tensor attend(at::Tensor query, at::Tensor key, at::Tensor value,
-                     at::Tensor mask, bool causal, double scale) {
+                  at::Tensor mask, bool causal, double scale) {
   TORCH_CHECK(query.scalar_type() == at::kFloat && key.scalar_type() == at::kFloat &&
               value.scalar_type() == at::kFloat, "invariant attention takes float32");
   // Strided views are read in place (a cache's keys are a view of a larger buffer, the

@@ -374,9 +374,9 @@ void add_bias(at::Tensor& y, const at::Tensor& bias) {
 // leading dimensions and the bias are handled here, not in Python: a decoding step calls this
 // about 200 times, and each Python-side reshape or add cost a microsecond or two.
 at::Tensor linear(const at::Tensor& x, const at::Tensor& records, int64_t qtype,
-                     int64_t out_features, const c10::optional<at::Tensor>& bias,
-                     bool float_output, int64_t tile, int64_t distance, bool nontemporal,
-                     int64_t near) {
+                  int64_t out_features, const c10::optional<at::Tensor>& bias,
+                  bool float_output, int64_t tile, int64_t distance, bool nontemporal,
+                  int64_t near) {
   const Format f = format_of(qtype);
   tile = tile == 0 ? kTile : tile;
   TORCH_CHECK(tile >= 1 && tile <= kRows, "tile: expected 1 to ", kRows, " rows, got ", tile);

@@ -121,7 +121,7 @@ void rotate_rows(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& s
 // query [B, T, H, D], key [B, T, Hkv, D], cos, sin [B or 1, T, D] (contiguous float32) ->
 // the rotated query and key, in the same shapes.
 std::tuple<at::Tensor, at::Tensor> rotary(at::Tensor query, at::Tensor key,
-                                                at::Tensor cos, at::Tensor sin) {
+                                          at::Tensor cos, at::Tensor sin) {
   for (const at::Tensor* x : {&query, &key, &cos, &sin})
     TORCH_CHECK(x->scalar_type() == at::kFloat && x->is_contiguous(),
                 "rotary takes contiguous float32 tensors, got ", x->scalar_type(), " ",

@@ -99,7 +99,7 @@ at::Tensor pack(const at::Tensor& weight) {
 // x [N, I] bfloat16, packed [O/16, I/2, 16, 2], bias [O] or empty -> [N, O] bfloat16, or the
 // float32 sums themselves with float_output (for tests: bfloat16's rounding hides their order)
 at::Tensor linear(const at::Tensor& x, const at::Tensor& packed,
-                     const c10::optional<at::Tensor>& bias, bool float_output) {
+                  const c10::optional<at::Tensor>& bias, bool float_output) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kBFloat16, "x: expected 2-D bfloat16");
   const int64_t n = x.size(0), in = x.size(1), blocks = packed.size(0);
   TORCH_CHECK(packed.size(1) * 2 == in, "x: expected ", packed.size(1) * 2, " features");

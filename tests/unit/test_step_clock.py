@@ -9,7 +9,8 @@ from lookahead.proposers.base import StepOutcome
 from lookahead.proposers.lookahead import LookaheadProposer
 from lookahead.proposers.step_clock import StepClock
 
-pytestmark = pytest.mark.usefixtures("one_thread")
+# The clock moved by the passes, as in use (not the tests' steady one: conftest.py).
+pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.timed_step_costs]
 
 
 def test_the_tuned_curve_holds_until_a_size_is_measured_often_enough():

@@ -19,6 +19,9 @@ from lookahead.step_costs import (
 )
 from tiny import tiny_llama
 
+# The measurement itself: the real timed passes, not the tests' steady curve (conftest.py).
+pytestmark = pytest.mark.timed_step_costs
+
 
 class PassCounter:
     """Counts ``model``'s forward passes (a forward pre-hook) while in a ``with`` block."""

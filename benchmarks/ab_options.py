@@ -205,6 +205,17 @@ def decoding_arguments(description: str) -> argparse.ArgumentParser:
     return parser
 
 
+def decoding_inputs(parser: argparse.ArgumentParser, args: argparse.Namespace):
+    """``(model, tokenizer, prompts)`` of ``decoding_arguments``' options; a data set, limit or
+    model the library refuses ends the script with the parser's error, not a traceback."""
+    try:
+        prompts = load_prompts(args.dataset, limit=args.limit)
+        model, tokenizer = load_model(args.model)[:2]
+    except ValueError as error:
+        parser.error(str(error))
+    return model, tokenizer, prompts
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = decoding_arguments(__doc__.split("\n\n")[0])
     parser.add_argument("--variants", required=True,
@@ -216,8 +227,7 @@ def main(argv: list[str] | None = None) -> int:
     if not isinstance(variants, dict) or not all(isinstance(v, dict) for v in variants.values()):
         parser.error('--variants must be a JSON object of objects, e.g. {"off": {"recycle": 0}}')
     torch.set_num_threads(args.threads)
-    model, tokenizer = load_model(args.model)[:2]
-    prompts = load_prompts(args.dataset, limit=args.limit)
+    model, tokenizer, prompts = decoding_inputs(parser, args)
     totals, groups = run(model, tokenizer, prompts, variants, args.max_new_tokens)
     for name, (tokens, seconds, steps, fed) in totals.items():
         print(f"{name:8s} decode {tokens / seconds:6.1f} tok/s  {tokens / max(steps, 1):.2f} "

@@ -25,10 +25,10 @@ from dataclasses import dataclass, field
 import torch
 
 import lookahead.proposers.lookahead as lookahead_proposer
-from ab_options import decoding_arguments, proposer  # the script beside this one
+# ab_options: the script beside this one
+from ab_options import decoding_arguments, decoding_inputs, proposer
 from lookahead import SuccessorTable, generate
-from lookahead.bench.datasets import encode_prompt, load_prompts
-from lookahead.models.load import load_model
+from lookahead.bench.datasets import encode_prompt
 from lookahead.proposers.gauges import _common_prefix
 
 
@@ -111,11 +111,12 @@ def logging_proposer(steps: list[Step]) -> type:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = decoding_arguments(__doc__.split("\n\n")[0]).parse_args(argv)
+    parser = decoding_arguments(__doc__.split("\n\n")[0])
+    args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
-    model, tokenizer = load_model(args.model)[:2]
+    model, tokenizer, prompts = decoding_inputs(parser, args)
     table, totals = SuccessorTable(), Reach()
-    for prompt in load_prompts(args.dataset, limit=args.limit):
+    for prompt in prompts:
         steps: list[Step] = []
         input_ids = encode_prompt(tokenizer, prompt)
         with proposer(logging_proposer(steps)):

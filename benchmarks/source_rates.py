@@ -20,10 +20,10 @@ from collections import defaultdict
 import torch
 
 import lookahead.proposers.lookahead as lookahead_proposer
-from ab_options import decoding_arguments, proposer  # the script beside this one
+# ab_options: the script beside this one
+from ab_options import decoding_arguments, decoding_inputs, proposer
 from lookahead import SuccessorTable, generate
-from lookahead.bench.datasets import encode_prompt, load_prompts
-from lookahead.models.load import load_model
+from lookahead.bench.datasets import encode_prompt
 from lookahead.proposers.gauges import DepthGauge, _common_prefix
 
 
@@ -57,13 +57,14 @@ def counting_proposer(totals: dict) -> type:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = decoding_arguments(__doc__.split("\n\n")[0]).parse_args(argv)
+    parser = decoding_arguments(__doc__.split("\n\n")[0])
+    args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
-    model, tokenizer = load_model(args.model)[:2]
+    model, tokenizer, prompts = decoding_inputs(parser, args)
     totals: dict = defaultdict(lambda: [0, 0])
     table = SuccessorTable()
     with proposer(counting_proposer(totals)):
-        for prompt in load_prompts(args.dataset, limit=args.limit):
+        for prompt in prompts:
             generate(model, encode_prompt(tokenizer, prompt), do_sample=False,
                      max_new_tokens=args.max_new_tokens, method="lookahead",
                      successors=table)

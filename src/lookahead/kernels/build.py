@@ -51,9 +51,10 @@ def compile_kernel(name: str, sources: list[Path], cflags: list[str],
                    headers: tuple[Path, ...] = ()) -> ModuleType:
     """Compile (first time) or load the extension ``name`` from ``sources`` with OpenMP.
 
-    ``headers``: files the sources include (``COMMON_HEADER`` always). PyTorch's builder decides whether to rebuild from
-    the sources and flags alone, so a hash of the headers goes into the flags (as a macro
-    that nothing reads): a changed header rebuilds the kernel instead of loading a stale one.
+    ``headers``: files the sources include (``COMMON_HEADER`` always). PyTorch's builder
+    decides whether to rebuild from the sources and flags alone, so a hash of the headers goes
+    into the flags (as a macro that nothing reads): a changed header rebuilds the kernel
+    instead of loading a stale one.
 
     A build is tried once per process: a later call with the same arguments returns the
     loaded module, or raises again the error of the failed build without compiling again.

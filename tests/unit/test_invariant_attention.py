@@ -6,9 +6,11 @@ from __future__ import annotations
 import pytest
 import torch
 from lookahead.kernels.grouped_attention import grouped_sdpa
+from lookahead.kernels.quant_linear import best_isa
 from lookahead.kernels.invariant_attention import (
     ATTENTION_NAME,
     invariant_attention,
+    load_attention_kernel,
     invariant_attention_problem,
     rows_are_independent,
     use_invariant_attention,
@@ -122,6 +124,43 @@ def test_masked_keys_gaps_and_other_batch_rows_change_no_bit() -> None:
     both, _ = invariant_attention(layer, torch.cat([query, other_q]), torch.cat([keys, other_k]),
                                   torch.cat([values, other_v]), batch_mask)
     assert torch.equal(both[:1], alone)
+
+
+@pytest.mark.parametrize("first_gap", [0, 1, 15, 16, 17, 33, 200])
+def test_a_gap_anywhere_in_a_long_cache_changes_no_bit(first_gap) -> None:
+    """The kernel finds a row's leading run of seen keys 16 at a time: a gap starting at any
+    key, bool or additive, must still give the bits of the cache without it."""
+    query, key, value = tensors(rows=3, keys=240, dim=64, seed=first_gap)
+    layer = Layer(groups=3)
+    alone, _ = invariant_attention(layer, query, key, value, causal_mask(3, 240))
+    width = 5
+    gap = torch.full((1, 2, width, 64), 1e4)
+    key_gap = torch.cat([key[:, :, :first_gap], gap,
+                         key[:, :, first_gap:]], dim=2)
+    value_gap = torch.cat([value[:, :, :first_gap], -gap, value[:, :, first_gap:]], dim=2)
+    allowed = torch.cat([causal_mask(3, 240)[..., :first_gap] == 0,
+                         torch.zeros(1, 1, 3, width, dtype=torch.bool),
+                         causal_mask(3, 240)[..., first_gap:] == 0], dim=-1)
+    for mask in (allowed, torch.zeros(allowed.shape).masked_fill(~allowed, MIN)):
+        gapped, _ = invariant_attention(layer, query, key_gap, value_gap, mask)
+        assert torch.equal(gapped, alone)
+
+
+@pytest.mark.skipif(best_isa() != "avx512vnni", reason="the AVX-512 build needs AVX-512")
+def test_the_avx2_build_gives_the_avx512_builds_bits() -> None:
+    """Both builds fuse the same multiply-adds and sum in the same order: a text must not
+    depend on which of them ran it."""
+    wide, narrow = load_attention_kernel("avx512vnni"), load_attention_kernel("avx2")
+    for dim, keys in ((24, 37), (64, 300), (128, 50)):
+        query, key, value = tensors(rows=5, keys=keys, dim=dim)
+        allowed = causal_mask(5, keys)[:, 0] == 0
+        allowed[0, 2, 7] = False
+        for mask in (torch.empty(0, dtype=torch.bool), allowed):
+            a = wide.attend(query, key, value, mask, True, dim ** -0.5)
+            b = narrow.attend(query, key, value, mask, True, dim ** -0.5)
+            assert torch.equal(a, b), (dim, keys, mask.dtype)
+    with pytest.raises(ValueError, match="isa"):
+        load_attention_kernel("sse2")
 
 
 def test_a_row_that_sees_nothing_gets_zeros_and_others_fall_back() -> None:

@@ -40,20 +40,24 @@ _EXTRA_TERMS = ("position_bias", "softcap", "s_aux", "sinks")
 
 
 @functools.cache  # the build is per process anyway: a loaded extension stays imported
-def load_attention_kernel() -> ModuleType:
-    """Compile (first time) or load ``csrc/invariant_attention.cpp``, in an AVX-512 or an AVX2
-    build (:func:`quant_linear.best_isa`); both give the same bits, as every float operation
-    in it is elementwise or in a fixed order.
+def load_attention_kernel(isa: str | None = None) -> ModuleType:
+    """Compile (first time) or load ``csrc/invariant_attention.cpp``, in the AVX-512 or the
+    AVX2 build (``isa``; None: :func:`quant_linear.best_isa`); both give the same bits, as
+    every float operation in it is elementwise or in a fixed order.
 
     Raises:
         RuntimeError / OSError / ImportError: the build failed (no compiler, say), or the CPU
         has neither AVX-512 nor AVX2.
+        ValueError: for an ``isa`` not in ``ISA_FLAGS``.
     """
-    isa = best_isa()
+    isa = best_isa() if isa is None else isa
+    if isa not in ISA_FLAGS:
+        raise ValueError(f"isa: expected one of {sorted(ISA_FLAGS)}, got {isa!r}")
     logger.info("loading the row-invariant attention kernel (compiled on first use)")
-    # -ffp-contract=off: no fused multiply-adds, so every lane and remainder rounds alike.
+    # -ffp-contract=off: the compiler fuses no multiply-add itself; the source writes out the
+    # ones it wants (-mfma: AVX2's), so every lane and remainder rounds alike.
     return compile_kernel(f"lookahead_invariant_attention_{isa}", [SOURCE],
-                          ["-O3", "-ffp-contract=off", *ISA_FLAGS[isa]],
+                          ["-O3", "-ffp-contract=off", *ISA_FLAGS[isa], "-mfma"],
                           headers=(EXP_APPROX,))
 
 

@@ -138,9 +138,9 @@ def best_isa() -> str:
     features = _cpu_features()
     if all(features.get(f) for f in ("AVX512F", "AVX512BW", "AVX512VL", "AVX512VNNI", "F16C")):
         return "avx512vnni"
-    if features.get("AVX2") and features.get("F16C"):
+    if all(features.get(f) for f in ("AVX2", "FMA3", "F16C")):
         return "avx2"
-    raise RuntimeError("the quantized kernel needs AVX2 and F16C; numpy finds "
+    raise RuntimeError("the quantized kernel needs AVX2, FMA and F16C; numpy finds "
                        f"{sorted(f for f, on in features.items() if on) or 'neither'}")
 
 

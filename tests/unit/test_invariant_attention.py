@@ -163,6 +163,22 @@ def test_the_avx2_build_gives_the_avx512_builds_bits() -> None:
         load_attention_kernel("sse2")
 
 
+def test_causal_rows_before_the_first_key_see_nothing() -> None:
+    """Causal without a mask, 5 query rows on 3 keys: rows 0 and 1 come before every key."""
+    query, key, value = tensors(rows=5, keys=3)
+    out = load_attention_kernel().attend(query, key, value, torch.empty(0, dtype=torch.bool),
+                                         True, 24 ** -0.5)
+    assert torch.equal(out[:, :2], torch.zeros(1, 2, 6, 24))
+    for t in range(2, 5):
+        seen = t - 1
+        alone = load_attention_kernel().attend(query[:, :, t:t + 1].contiguous(),
+                                               key[:, :, :seen].contiguous(),
+                                               value[:, :, :seen].contiguous(),
+                                               torch.empty(0, dtype=torch.bool), False,
+                                               24 ** -0.5)
+        assert torch.equal(out[:, t], alone[:, 0]), t
+
+
 def test_a_row_that_sees_nothing_gets_zeros_and_others_fall_back() -> None:
     query, key, value = tensors(rows=2, keys=8)
     layer = Layer(groups=3)

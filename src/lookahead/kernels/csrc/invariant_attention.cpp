@@ -207,7 +207,7 @@ struct RowMask {
         if (!all) break;
       }
     } else {
-      return std::min(limit, keys);
+      return std::max<int64_t>(0, std::min(limit, keys));  // a causal row past the keys: none
     }
     while (j < keys && sees(j)) ++j;
     return j;

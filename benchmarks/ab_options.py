@@ -206,8 +206,10 @@ def decoding_arguments(description: str) -> argparse.ArgumentParser:
 
 
 def decoding_inputs(parser: argparse.ArgumentParser, args: argparse.Namespace):
-    """``(model, tokenizer, prompts)`` of ``decoding_arguments``' options; a data set, limit or
-    model the library refuses ends the script with the parser's error, not a traceback."""
+    """``(model, tokenizer, prompts)`` of ``decoding_arguments``' options, torch set to their
+    ``--threads``; a data set, limit or model the library refuses ends the script with the
+    parser's error, not a traceback."""
+    torch.set_num_threads(args.threads)
     try:
         prompts = load_prompts(args.dataset, limit=args.limit)
         model, tokenizer = load_model(args.model)[:2]
@@ -226,7 +228,6 @@ def main(argv: list[str] | None = None) -> int:
     variants = json.loads(args.variants)
     if not isinstance(variants, dict) or not all(isinstance(v, dict) for v in variants.values()):
         parser.error('--variants must be a JSON object of objects, e.g. {"off": {"recycle": 0}}')
-    torch.set_num_threads(args.threads)
     model, tokenizer, prompts = decoding_inputs(parser, args)
     totals, groups = run(model, tokenizer, prompts, variants, args.max_new_tokens)
     for name, (tokens, seconds, steps, fed) in totals.items():

@@ -22,8 +22,6 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
-import torch
-
 import lookahead.proposers.lookahead as lookahead_proposer
 # ab_options: the script beside this one
 from ab_options import decoding_arguments, decoding_inputs, proposer
@@ -113,7 +111,6 @@ def logging_proposer(steps: list[Step]) -> type:
 def main(argv: list[str] | None = None) -> int:
     parser = decoding_arguments(__doc__.split("\n\n")[0])
     args = parser.parse_args(argv)
-    torch.set_num_threads(args.threads)
     model, tokenizer, prompts = decoding_inputs(parser, args)
     table, totals = SuccessorTable(), Reach()
     for prompt in prompts:

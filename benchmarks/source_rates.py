@@ -17,8 +17,6 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-import torch
-
 import lookahead.proposers.lookahead as lookahead_proposer
 # ab_options: the script beside this one
 from ab_options import decoding_arguments, decoding_inputs, proposer
@@ -59,7 +57,6 @@ def counting_proposer(totals: dict) -> type:
 def main(argv: list[str] | None = None) -> int:
     parser = decoding_arguments(__doc__.split("\n\n")[0])
     args = parser.parse_args(argv)
-    torch.set_num_threads(args.threads)
     model, tokenizer, prompts = decoding_inputs(parser, args)
     totals: dict = defaultdict(lambda: [0, 0])
     table = SuccessorTable()

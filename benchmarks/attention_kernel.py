@@ -19,6 +19,7 @@ kernel under test: ``invariant_attention`` looks its kernel up through
 from __future__ import annotations
 
 import argparse
+import itertools
 import statistics
 import subprocess
 import tempfile
@@ -71,33 +72,34 @@ def shape_inputs(heads: int, kv_heads: int, dim: int, keys: int, rows: int):
     return query, key, value, mask
 
 
+def call_us(kernel: ModuleType, inputs: tuple) -> float:
+    """Median microseconds of 40 calls of ``kernel.attend(*inputs)``, after 5 to warm up."""
+    for _ in range(5):
+        kernel.attend(*inputs)
+    calls = []
+    for _ in range(40):
+        start = time.perf_counter()
+        kernel.attend(*inputs)
+        calls.append(time.perf_counter() - start)
+    return statistics.median(calls) * 1e6
+
+
 def time_shapes(kernels: dict[str, ModuleType], keys: list[int], rows: list[int],
                 rounds: int) -> list[str]:
     """One line per shape: each kernel's microseconds a call, and their largest difference."""
     lines, totals = [], dict.fromkeys(kernels, 0.0)
-    for heads, kv_heads, dim in SHAPES:
-        for length in keys:
-            for count in rows:
-                inputs = (*shape_inputs(heads, kv_heads, dim, length, count), False, dim ** -0.5)
-                medians: dict[str, list[float]] = {name: [] for name in kernels}
-                for _ in range(rounds):
-                    for name, kernel in kernels.items():
-                        for _ in range(5):
-                            kernel.attend(*inputs)
-                        calls = []
-                        for _ in range(40):
-                            start = time.perf_counter()
-                            kernel.attend(*inputs)
-                            calls.append(time.perf_counter() - start)
-                        medians[name].append(statistics.median(calls) * 1e6)
-                outputs = [kernel.attend(*inputs) for kernel in kernels.values()]
-                gap = (outputs[0] - outputs[-1]).abs().max().item()
-                cells = []
-                for name, values in medians.items():
-                    totals[name] += statistics.median(values)
-                    cells.append(f"{name} {statistics.median(values):7.1f} us")
-                lines.append(f"{heads:2d} heads / {kv_heads} kv, D {dim:3d}, {length:5d} keys, "
-                             f"{count} rows:  " + "  ".join(cells) + f"  max diff {gap:.1e}")
+    for (heads, kv_heads, dim), length, count in itertools.product(SHAPES, keys, rows):
+        inputs = (*shape_inputs(heads, kv_heads, dim, length, count), False, dim ** -0.5)
+        rounds_us = [[call_us(kernel, inputs) for kernel in kernels.values()]
+                     for _ in range(rounds)]
+        medians = dict(zip(kernels, map(statistics.median, zip(*rounds_us))))
+        outputs = [kernel.attend(*inputs) for kernel in kernels.values()]
+        gap = (outputs[0] - outputs[-1]).abs().max().item()
+        for name, us in medians.items():
+            totals[name] += us
+        cells = "  ".join(f"{name} {us:7.1f} us" for name, us in medians.items())
+        lines.append(f"{heads:2d} heads / {kv_heads} kv, D {dim:3d}, {length:5d} keys, "
+                     f"{count} rows:  {cells}  max diff {gap:.1e}")
     lines.append("sum over shapes:  " + "  ".join(f"{n} {t:.0f} us" for n, t in totals.items()))
     return lines
 
@@ -107,17 +109,20 @@ def decode(kernels: dict[str, ModuleType], model, tokenizer, prompts,
     """Per kernel and method, tok/s over the prompts, each prompt on both kernels in turn."""
     tokens: dict[tuple[str, str], int] = {}
     seconds: dict[tuple[str, str], float] = {}
-    for index, prompt in enumerate(prompts):
-        ids = encode_prompt(tokenizer, prompt)
-        names = list(kernels) if index % 2 == 0 else list(reversed(kernels))
-        for name in names:
-            invariant_attention.load_attention_kernel = lambda kernel=kernels[name]: kernel
-            for method in ("autoregressive", "lookahead"):
-                start = time.perf_counter()
-                out = generate(model, ids, max_new_tokens, method, do_sample=False)
-                key = (name, method)
-                seconds[key] = seconds.get(key, 0.0) + time.perf_counter() - start
-                tokens[key] = tokens.get(key, 0) + out.sequences.shape[1] - ids.shape[1]
+    lookup = invariant_attention.load_attention_kernel
+    try:
+        for index, prompt in enumerate(prompts):
+            ids = encode_prompt(tokenizer, prompt)
+            for name in list(kernels) if index % 2 == 0 else list(reversed(kernels)):
+                invariant_attention.load_attention_kernel = lambda kernel=kernels[name]: kernel
+                for method in ("autoregressive", "lookahead"):
+                    start = time.perf_counter()
+                    out = generate(model, ids, max_new_tokens, method, do_sample=False)
+                    key = (name, method)
+                    seconds[key] = seconds.get(key, 0.0) + time.perf_counter() - start
+                    tokens[key] = tokens.get(key, 0) + out.sequences.shape[1] - ids.shape[1]
+    finally:
+        invariant_attention.load_attention_kernel = lookup
     return [f"{name:10s} {method:15s} {tokens[name, method] / seconds[name, method]:7.2f} tok/s"
             for name in kernels for method in ("autoregressive", "lookahead")]
 

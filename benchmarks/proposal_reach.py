@@ -27,7 +27,7 @@ import lookahead.proposers.lookahead as lookahead_proposer
 from ab_options import decoding_arguments, decoding_inputs, proposer
 from lookahead import SuccessorTable, generate
 from lookahead.bench.datasets import encode_prompt
-from lookahead.proposers.gauges import _common_prefix
+from lookahead.proposers.gauges import _common_prefix, source_kind
 
 
 @dataclass
@@ -66,11 +66,11 @@ class Reach:
                            for d in range(1, len(tokens) + 1)})
         kinds: dict[str, int] = {}
         for length, source in reach:
-            kind = kind_of(source)
+            kind = source_kind(source)
             kinds[kind] = max(kinds.get(kind, 0), length)
         self.alone.update(kinds)
         if best[0] > fed:
-            self.lost[kind_of(best[1])] += best[0] - fed
+            self.lost[source_kind(best[1])] += best[0] - fed
 
     def report(self) -> list[str]:
         """The lines the script prints."""
@@ -84,11 +84,6 @@ class Reach:
                          f"step; lost to the cut where it reached furthest: "
                          f"{self.lost[source] / n:.3f}")
         return lines
-
-
-def kind_of(source: str) -> str:
-    """A recycled branch (``recycled@2.1``) as ``recycled@``; other sources as they are."""
-    return source.partition("@")[0] + ("@" if "@" in source else "")
 
 
 def logging_proposer(steps: list[Step]) -> type:

@@ -22,12 +22,7 @@ import lookahead.proposers.lookahead as lookahead_proposer
 from ab_options import decoding_arguments, decoding_inputs, proposer
 from lookahead import SuccessorTable, generate
 from lookahead.bench.datasets import encode_prompt
-from lookahead.proposers.gauges import DepthGauge, _common_prefix
-
-
-def kind_of(source: str) -> str:
-    """The kind a source's rates are kept under in ``SOURCE_PRIORS``."""
-    return source.partition("@")[0] + ("@" if "@" in source else "")
+from lookahead.proposers.gauges import DepthGauge, _common_prefix, source_kind
 
 
 def counting_proposer(totals: dict) -> type:
@@ -41,7 +36,7 @@ def counting_proposer(totals: dict) -> type:
                 reach = _common_prefix(candidate, committed)
                 known = len(candidate) if reach < len(committed) else reach
                 for d in range(known):
-                    entry = totals[(kind_of(source), d)]
+                    entry = totals[(source_kind(source), d)]
                     entry[0] += before <= d < reach
                     entry[1] += 1
                 before = max(before, reach)

@@ -144,8 +144,7 @@ class DepthGauge:
         """The rate a ``source`` candidate's token at index ``depth`` (0: the first after x0)
         starts from (a recycled branch's by its kind: ``recycled@2.1`` is a ``recycled@``
         one)."""
-        kind = source.partition("@")[0] + ("@" if "@" in source else "")
-        priors = self.priors.get(kind)
+        priors = self.priors.get(source_kind(source))
         if priors is None:
             return self.prior
         return priors[min(depth, len(priors) - 1)]
@@ -219,6 +218,12 @@ class DepthGauge:
             before = max(before, reach)
         self.committed += self.smoothing * (len(committed) - self.committed)
         self.fed += self.smoothing * (fed - self.fed)
+
+
+def source_kind(source: str) -> str:
+    """The kind a source's rates start from in ``SOURCE_PRIORS``: a recycled branch
+    (``recycled@2.1``) is a ``recycled@`` one; other sources are their own kind."""
+    return source.partition("@")[0] + ("@" if "@" in source else "")
 
 
 def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:

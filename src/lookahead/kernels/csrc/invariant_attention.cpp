@@ -30,8 +30,9 @@
 // (the same lanes in the same order): 17 -> 15 us and 58 -> 49 us.
 // Fused multiply-adds, the sums of p * v kept in registers, a row's maximum and the run of
 // keys it sees found 16 keys at a time took SmolLM2-135M's heads (9 x 64, 3 key/value heads)
-// at 1000 keys from 246 to 186 us for six rows, and Qwen2.5-Coder-1.5B's (12 x 128, 2) from
-// 261 to 222 us for four (Intel Xeon family 6 model 167, 2 threads, 2026-12-07).
+// at 1000 keys from 255 to 199 us for six rows, and Qwen2.5-Coder-1.5B's (12 x 128, 2) from
+// 270 to 239 us for four (benchmarks/attention_kernel.py --against 3bf6613; Intel Xeon family
+// 6 model 167, 2 threads, 2026-12-07, commit f7bd055).
 #include "aten_light.h"  // not <torch/extension.h>: why in aten_light.h
 
 #include <algorithm>
